@@ -1,0 +1,74 @@
+"""The errors turnkeeper raises. Everything it raises on bad input derives from TurnkeeperError."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from turnkeeper.events._events import Envelope
+
+
+class TurnkeeperError(Exception):
+    """Base class of every error turnkeeper raises on purpose."""
+
+
+class InputError(TurnkeeperError, ValueError):
+    """An input to a session (a message, tool results, a transcript, a spec) is invalid."""
+
+
+class ChatError(TurnkeeperError):
+    """A chat backend failed. `transient` says whether the same request may succeed later.
+
+    When raised out of `poll_turn`, `events` holds what the failed poll should log
+    (retries and a `local.chat_error`), numbered after the state's last seq.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        transient: bool,
+        status: int | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.transient = transient
+        self.status = status
+        self.retry_after = retry_after
+        self.events: tuple[Envelope, ...] = ()
+
+    def __repr__(self) -> str:
+        return (
+            f"ChatError({self.message!r}, transient={self.transient!r}, status={self.status!r})"
+        )
+
+
+class LogError(TurnkeeperError):
+    """An event log cannot be read or written as asked."""
+
+
+class LogCorrupt(LogError):
+    """Bytes in a log are not a valid event envelope."""
+
+    def __init__(self, message: str, *, line: int | None = None) -> None:
+        where = f"line {line}: " if line is not None else ""
+        super().__init__(f"{where}{message}")
+        self.line = line
+
+
+class SeqError(LogError):
+    """A session's events are not numbered 1, 2, 3... without gaps or repeats."""
+
+    def __init__(self, session_id: str, seq: int, expected: int) -> None:
+        kind = "repeated" if seq < expected else "gap before"
+        super().__init__(
+            f"session {session_id}: seq {seq} is out of order ({kind} seq {seq}; expected {expected})"
+        )
+        self.session_id = session_id
+        self.seq = seq
+        self.expected = expected
+
+
+class ReplayError(LogError):
+    """A sequence of events does not describe one valid session."""

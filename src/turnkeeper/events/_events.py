@@ -1,0 +1,157 @@
+"""Every `local.*` event, as frozen msgspec Structs with explicit stable tags, and the envelope."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import msgspec
+
+from turnkeeper.events._policy import GuardConfig
+from turnkeeper.events._types import AgentSpec, Message, ToolResult, Usage
+
+
+class Event(msgspec.Struct, frozen=True, tag_field="type"):
+    """Base of every event; the `type` tag on the wire is the class's explicit `tag`."""
+
+
+class SessionOpened(Event, frozen=True, tag="local.session_opened"):
+    """A session began: everything needed to rebuild its initial state."""
+
+    spec: AgentSpec
+    history: tuple[Message, ...]
+    max_turns: int
+    guards: GuardConfig
+    resume: bool
+
+
+class MessageReceived(Event, frozen=True, tag="local.user_message"):
+    """A user message arrived; it starts a new request episode."""
+
+    text: str
+
+
+class ToolResultsReceived(Event, frozen=True, tag="local.tool_results"):
+    """The results of the pending tool uses, in call order (possibly none)."""
+
+    results: tuple[ToolResult, ...]
+
+
+class DirectiveInjected(Event, frozen=True, tag="local.directive"):
+    """A guard added a user directive to the history. `guard` names the guard."""
+
+    guard: str
+    text: str
+
+
+class ModelResponded(Event, frozen=True, tag="local.model_response"):
+    """The model answered. `response` is verbatim; `message` is what history holds."""
+
+    response: dict[str, Any]
+    message: Message
+    finish_reason: str | None
+    usage: Usage
+
+
+class DuplicateToolCall(Event, frozen=True, tag="local.duplicate_tool_call"):
+    """A call repeating (name, args) from earlier in the episode was self-answered, not run."""
+
+    tool_call_id: str
+    name: str
+    arguments: str
+    message: str
+
+
+class ChatRetried(Event, frozen=True, tag="local.chat_retry"):
+    """A transient chat failure; the request is retried after `delay` seconds."""
+
+    attempt: int
+    delay: float
+    error: str
+    status: int | None = None
+
+
+class ChatFailed(Event, frozen=True, tag="local.chat_error"):
+    """The chat backend failed for good this poll; the state is as it was before it."""
+
+    error: str
+    transient: bool
+    status: int | None = None
+    response: Any = None
+
+
+class ToolCalled(Event, frozen=True, tag="local.tool_call"):
+    """A tool handler is about to run (logged first, so a handler can dedupe on the id)."""
+
+    tool_call_id: str
+    name: str
+    input: dict[str, Any]
+
+
+class ToolReturned(Event, frozen=True, tag="local.tool_result"):
+    """A tool handler finished."""
+
+    tool_call_id: str
+    text: str
+    is_error: bool = False
+
+
+class Halted(Event, frozen=True, tag="local.halted"):
+    """A guard or the runner stopped the episode. `message` is what the user is told."""
+
+    guard: str
+    reason: str
+    message: str
+
+
+class TerminalToolCalled(Event, frozen=True, tag="local.terminal"):
+    """The model called the terminal tool; its arguments are the run's result."""
+
+    tool_call_id: str
+    name: str
+    result: dict[str, Any]
+
+
+class Cancelled(Event, frozen=True, tag="local.cancelled"):
+    """The session was cancelled from outside."""
+
+    reason: str
+
+
+class Failed(Event, frozen=True, tag="local.failed"):
+    """The session crashed too often and was given up."""
+
+    error: str
+
+
+AnyEvent = (
+    SessionOpened
+    | MessageReceived
+    | ToolResultsReceived
+    | DirectiveInjected
+    | ModelResponded
+    | DuplicateToolCall
+    | ChatRetried
+    | ChatFailed
+    | ToolCalled
+    | ToolReturned
+    | Halted
+    | TerminalToolCalled
+    | Cancelled
+    | Failed
+)
+
+
+class Envelope(msgspec.Struct, frozen=True):
+    """One logged event: `seq` is 1, 2, 3... per session, `at` is Unix time in seconds."""
+
+    session_id: Annotated[str, msgspec.Meta(min_length=1)]
+    seq: Annotated[int, msgspec.Meta(ge=1)]
+    at: float
+    event: AnyEvent
+
+    @property
+    def type(self) -> str:
+        """The event's stable tag, such as `local.model_response`."""
+        tag = type(self.event).__struct_config__.tag
+        assert isinstance(tag, str)
+        return tag

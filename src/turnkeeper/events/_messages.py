@@ -1,0 +1,105 @@
+"""Pure helpers over OpenAI-shaped messages: text, tool calls, canonical arguments, tool answers."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import msgspec
+
+from turnkeeper.events._types import Message, ToolUse
+
+_canonical = msgspec.json.Encoder(order="sorted")
+_compact = msgspec.json.Encoder()
+
+
+def canonical_args(arguments: dict[str, Any]) -> str:
+    """Arguments as JSON with sorted keys, so equal arguments compare equal as text."""
+    try:
+        return _canonical.encode(arguments).decode()
+    except (TypeError, msgspec.EncodeError, OverflowError, ValueError):
+        return repr(sorted(arguments.items(), key=lambda item: item[0]))
+
+
+def digest(text: str) -> str:
+    """A short stable fingerprint of `text`."""
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=12).hexdigest()
+
+
+def text_of(message: Message) -> str | None:
+    """The text of a message's content (text parts joined), or None when it has none."""
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = [
+            part["text"]
+            for part in content
+            if isinstance(part, dict) and isinstance(part.get("text"), str)
+        ]
+        return "".join(parts) if parts else None
+    return None
+
+
+def decode_arguments(arguments: object) -> tuple[dict[str, Any], str | None]:
+    """A tool call's arguments as a dict, and why they were replaced by `{}` if they were bad."""
+    if isinstance(arguments, dict):
+        return arguments, None
+    if arguments is None or (isinstance(arguments, str) and not arguments.strip()):
+        return {}, None
+    if not isinstance(arguments, str):
+        return {}, f"arguments must be a JSON object, got {type(arguments).__name__}"
+    try:
+        value = msgspec.json.decode(arguments)
+    except msgspec.DecodeError as exc:
+        return {}, f"arguments are not valid JSON ({exc}): {arguments[:200]!r}"
+    if not isinstance(value, dict):
+        return {}, f"arguments must be a JSON object, got {type(value).__name__}: {arguments[:200]!r}"
+    return value, None
+
+
+def tool_uses_of(message: Message) -> tuple[ToolUse, ...]:
+    """The tool calls of a well-formed assistant message, arguments decoded."""
+    calls = message.get("tool_calls") or ()
+    uses: list[ToolUse] = []
+    for call in calls:
+        function = call["function"]
+        arguments, error = decode_arguments(function.get("arguments"))
+        uses.append(ToolUse(id=call["id"], name=function["name"], input=arguments, error=error))
+    return tuple(uses)
+
+
+def tool_message(tool_call_id: str, content: str) -> Message:
+    """A `tool` message answering `tool_call_id`."""
+    return {"role": "tool", "tool_call_id": tool_call_id, "content": content}
+
+
+def error_content(text: str) -> str:
+    """How an error result is sent to the model."""
+    return _compact.encode({"error": text, "isError": True}).decode()
+
+
+def duplicate_content(message: str) -> str:
+    """How a self-answered duplicate call is sent to the model."""
+    return _compact.encode({"duplicate": True, "message": message}).decode()
+
+
+def call_key(name: str, arguments: dict[str, Any]) -> tuple[str, str]:
+    """The identity of a call within an episode: (tool name, canonical arguments)."""
+    return (name, canonical_args(arguments))
+
+
+def gist(text: str, limit: int = 300) -> str:
+    """`text` on one line, cut to about `limit` characters."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 1].rstrip() + "…"
+
+
+def last_tool_result(history: tuple[Message, ...]) -> str | None:
+    """The content of the last real tool result in history (not a duplicate or skip notice)."""
+    for message in reversed(history):
+        if message.get("role") == "tool":
+            content = text_of(message)
+            if content and not content.startswith(('{"duplicate":true', '{"skipped":true')):
+                return content
+    return None

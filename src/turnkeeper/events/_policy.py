@@ -1,0 +1,58 @@
+"""Guard configuration: plain data, logged with each session so replay knows its policy.
+
+The guard functions live in `turnkeeper.guards`; a field set to None turns that guard off.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class MaxTurns(msgspec.Struct, frozen=True):
+    """Halt an episode that would make more model calls than the session's `max_turns`."""
+
+
+class FinalTurn(msgspec.Struct, frozen=True):
+    """Tell the model to finish now on the last poll `max_turns` allows."""
+
+
+class DuplicateCalls(msgspec.Struct, frozen=True):
+    """Self-answer an exact repeat of (name, args) within an episode instead of running it."""
+
+
+class ConsecutiveErrors(msgspec.Struct, frozen=True):
+    """Send a corrective directive when a tool has failed `threshold` times in a row."""
+
+    threshold: int = 2
+
+
+class LoopDetection(msgspec.Struct, frozen=True):
+    """Flag a repeat (same call and same answer, or the same reply text) `warnings` times, then halt."""
+
+    warnings: int = 1
+
+
+class TerminalTool(msgspec.Struct, frozen=True):
+    """With `required`, re-prompt an answer that skips the terminal tool, then halt."""
+
+    required: bool = False
+    max_reprompts: int = 2
+
+
+class Budget(msgspec.Struct, frozen=True):
+    """Per-episode limits on tokens and wall-clock seconds."""
+
+    max_tokens: int | None = None
+    max_seconds: float | None = None
+
+
+class GuardConfig(msgspec.Struct, frozen=True):
+    """Which guards run for a session, and how. The defaults reproduce both reference loops."""
+
+    max_turns: MaxTurns | None = MaxTurns()
+    final_turn: FinalTurn | None = FinalTurn()
+    duplicates: DuplicateCalls | None = DuplicateCalls()
+    consecutive_errors: ConsecutiveErrors | None = ConsecutiveErrors()
+    loop: LoopDetection | None = LoopDetection()
+    terminal: TerminalTool | None = TerminalTool()
+    budget: Budget | None = None

@@ -1,0 +1,311 @@
+"""SessionState, and the pure fold that advances it by one event.
+
+Every change to a session's state is the application of one logged event, so
+folding a session's log reproduces its live state exactly.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+from turnkeeper.events._errors import InputError, ReplayError, SeqError
+from turnkeeper.events._events import (
+    Cancelled,
+    DirectiveInjected,
+    DuplicateToolCall,
+    Envelope,
+    Failed,
+    Halted,
+    MessageReceived,
+    ModelResponded,
+    SessionOpened,
+    TerminalToolCalled,
+    ToolResultsReceived,
+)
+from turnkeeper.events._messages import (
+    call_key,
+    digest,
+    duplicate_content,
+    error_content,
+    text_of,
+    tool_message,
+    tool_uses_of,
+)
+from turnkeeper.events._policy import GuardConfig
+from turnkeeper.events._types import AgentSpec, Message, ToolUse, Usage
+
+Status = Literal["idle", "running", "requires_action", "halted", "cancelled", "failed"]
+"""idle: waits for a user message. running: the model should be called (again).
+requires_action: waits for the results of `pending`. halted: a guard stopped the episode."""
+
+_compact = msgspec.json.Encoder()
+
+
+class SessionState(msgspec.Struct, frozen=True):
+    """Everything a session is, immutable. Advanced only by applying events."""
+
+    session_id: str
+    spec: AgentSpec
+    history: tuple[Message, ...]
+    max_turns: int = 50
+    guards: GuardConfig = GuardConfig()
+    resume: bool = False
+    seq: int = 0
+    status: Status = "idle"
+    polls: int = 0
+    seen: frozenset[tuple[str, str]] = frozenset()
+    error_counts: dict[str, int] = {}
+    pending: tuple[ToolUse, ...] = ()
+    usage: Usage = Usage()
+    episode_usage: Usage = Usage()
+    episode_started: float | None = None
+    answers: dict[str, str] = {}
+    texts: frozenset[str] = frozenset()
+    repeats: int = 0
+    warnings: int = 0
+    warned_repeats: int = 0
+    reprompts: int = 0
+    stop_reason: str | None = None
+    result: dict[str, Any] | None = None
+
+    @property
+    def model(self) -> str:
+        return self.spec.model
+
+    @property
+    def terminal_tool(self) -> str | None:
+        return self.spec.terminal_tool
+
+
+def initial_state(session_id: str, opened: SessionOpened) -> SessionState:
+    """The state a `local.session_opened` event describes, before it is logged (seq 0)."""
+    history = opened.history
+    pending, status = _pending_of(history)
+    return SessionState(
+        session_id=session_id,
+        spec=opened.spec,
+        history=history,
+        max_turns=opened.max_turns,
+        guards=opened.guards,
+        resume=opened.resume,
+        status=status,
+        pending=pending,
+    )
+
+
+def _pending_of(history: tuple[Message, ...]) -> tuple[tuple[ToolUse, ...], Status]:
+    """Tool calls of the last assistant message still unanswered, and the status that follows."""
+    if not history:
+        return (), "idle"
+    answered: set[str] = set()
+    for message in reversed(history):
+        role = message.get("role")
+        if role == "tool":
+            answered.add(str(message.get("tool_call_id")))
+            continue
+        if role == "assistant":
+            try:
+                uses = tool_uses_of(message)
+            except (KeyError, TypeError) as exc:
+                raise InputError(f"history: malformed assistant tool_calls ({exc!r})") from None
+            pending = tuple(use for use in uses if use.id not in answered)
+            if pending:
+                return pending, "requires_action"
+            return (), "running" if uses else "idle"
+        break
+    last_role = history[-1].get("role")
+    return (), "running" if last_role in ("user", "tool") else "idle"
+
+
+def _skip_notices(pending: tuple[ToolUse, ...], why: str) -> tuple[Message, ...]:
+    """A tool message for each of `pending`, saying it was not run and why."""
+    notice = _compact.encode({"skipped": True, "message": why}).decode()
+    return tuple(tool_message(use.id, notice) for use in pending)
+
+
+def apply_event(state: SessionState, envelope: Envelope) -> SessionState:
+    """The state after `envelope`; raises SeqError or ReplayError when it does not follow."""
+    if envelope.session_id != state.session_id:
+        raise ReplayError(
+            f"event seq {envelope.seq} belongs to session {envelope.session_id}, "
+            f"not {state.session_id}"
+        )
+    if envelope.seq != state.seq + 1:
+        raise SeqError(state.session_id, envelope.seq, state.seq + 1)
+    event = envelope.event
+    seq = envelope.seq
+    replace = msgspec.structs.replace
+    if isinstance(event, ModelResponded):
+        return _apply_response(state, event, seq)
+    if isinstance(event, ToolResultsReceived):
+        return _apply_results(state, event, seq)
+    if isinstance(event, DuplicateToolCall):
+        pending = tuple(use for use in state.pending if use.id != event.tool_call_id)
+        return replace(
+            state,
+            seq=seq,
+            history=state.history
+            + (tool_message(event.tool_call_id, duplicate_content(event.message)),),
+            pending=pending,
+            repeats=state.repeats + 1,
+            status="running" if not pending and state.status == "requires_action" else state.status,
+        )
+    if isinstance(event, DirectiveInjected):
+        changes: dict[str, Any] = {}
+        if event.guard == "loop":
+            changes = {"warnings": state.warnings + 1, "warned_repeats": state.repeats}
+        elif event.guard == "terminal":
+            changes = {"reprompts": state.reprompts + 1}
+        return replace(
+            state,
+            seq=seq,
+            history=state.history + ({"role": "user", "content": event.text},),
+            status="running" if state.status == "idle" else state.status,
+            stop_reason=None,
+            **changes,
+        )
+    if isinstance(event, MessageReceived):
+        history = state.history + _skip_notices(
+            state.pending, "not run: a new user message arrived"
+        )
+        return replace(
+            state,
+            seq=seq,
+            history=history + ({"role": "user", "content": event.text},),
+            status="running",
+            polls=0,
+            seen=frozenset(),
+            error_counts={},
+            pending=(),
+            episode_usage=Usage(),
+            episode_started=envelope.at,
+            answers={},
+            texts=frozenset(),
+            repeats=0,
+            warnings=0,
+            warned_repeats=0,
+            reprompts=0,
+            stop_reason=None,
+            result=None,
+        )
+    if isinstance(event, Halted):
+        return replace(
+            state,
+            seq=seq,
+            history=state.history + _skip_notices(state.pending, f"not run: {event.reason}"),
+            pending=(),
+            status="halted",
+            stop_reason=event.reason,
+        )
+    if isinstance(event, TerminalToolCalled):
+        others = tuple(use for use in state.pending if use.id != event.tool_call_id)
+        accepted = tool_message(event.tool_call_id, _compact.encode({"ok": True}).decode())
+        return replace(
+            state,
+            seq=seq,
+            history=state.history
+            + (accepted,)
+            + _skip_notices(others, f"not run: {event.name} ended the run"),
+            pending=(),
+            status="idle",
+            stop_reason="terminal_tool",
+            result=event.result,
+        )
+    if isinstance(event, Cancelled):
+        return replace(
+            state,
+            seq=seq,
+            history=state.history
+            + _skip_notices(state.pending, "not run: the session was cancelled"),
+            pending=(),
+            status="cancelled",
+            stop_reason="cancelled",
+        )
+    if isinstance(event, Failed):
+        return replace(state, seq=seq, status="failed", stop_reason="failed")
+    if isinstance(event, SessionOpened):
+        raise ReplayError(f"session {state.session_id}: seq {seq} opens the session a second time")
+    return replace(state, seq=seq)
+
+
+def _apply_response(state: SessionState, event: ModelResponded, seq: int) -> SessionState:
+    message = event.message
+    uses = tool_uses_of(message)
+    seen = state.seen
+    texts = state.texts
+    repeats = state.repeats
+    if uses:
+        seen = seen | {call_key(use.name, use.input) for use in uses}
+        status: Status = "requires_action"
+        stop_reason = "tool_use"
+    else:
+        text = text_of(message)
+        if text and text.strip():
+            mark = digest(" ".join(text.split()))
+            if mark in texts:
+                repeats += 1
+            else:
+                texts = texts | {mark}
+        status = "idle"
+        stop_reason = event.finish_reason or "unknown"
+    return msgspec.structs.replace(
+        state,
+        seq=seq,
+        history=state.history + (message,),
+        polls=state.polls + 1,
+        seen=seen,
+        texts=texts,
+        repeats=repeats,
+        pending=uses,
+        usage=state.usage + event.usage,
+        episode_usage=state.episode_usage + event.usage,
+        status=status,
+        stop_reason=stop_reason,
+    )
+
+
+def _apply_results(state: SessionState, event: ToolResultsReceived, seq: int) -> SessionState:
+    by_id = {use.id: use for use in state.pending}
+    answered = [result.tool_use_id for result in event.results]
+    if sorted(answered) != sorted(by_id):
+        raise ReplayError(
+            f"session {state.session_id}: seq {seq} answers tool calls {answered}, "
+            f"but {sorted(by_id)} were pending"
+        )
+    error_counts = dict(state.error_counts)
+    answers = dict(state.answers)
+    repeats = state.repeats
+    messages: list[Message] = []
+    for result in event.results:
+        use = by_id[result.tool_use_id]
+        content = error_content(result.text) if result.is_error else result.text
+        messages.append(tool_message(result.tool_use_id, content))
+        if result.is_error:
+            error_counts[use.name] = error_counts.get(use.name, 0) + 1
+        else:
+            error_counts.pop(use.name, None)
+        key = "\x1f".join(call_key(use.name, use.input))
+        mark = digest(content)
+        if answers.get(key) == mark:
+            repeats += 1
+        answers[key] = mark
+    return msgspec.structs.replace(
+        state,
+        seq=seq,
+        history=state.history + tuple(messages),
+        pending=(),
+        error_counts=error_counts,
+        answers=answers,
+        repeats=repeats,
+        status="running",
+        stop_reason=None,
+    )
+
+
+def fold(state: SessionState, events: tuple[Envelope, ...] | list[Envelope]) -> SessionState:
+    """Apply `events` in order."""
+    for envelope in events:
+        state = apply_event(state, envelope)
+    return state

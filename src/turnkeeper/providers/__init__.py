@@ -1,0 +1,25 @@
+"""Chat backends and what wraps them: the chat type, retry, and a scripted backend for tests."""
+
+from turnkeeper.providers._chat import Chat, error_for_status, parse_retry_after
+from turnkeeper.providers._retry import with_retry
+from turnkeeper.providers._scripted import (
+    ScriptedChat,
+    ScriptExhausted,
+    ScriptItem,
+    ToolCallSpec,
+    text_response,
+    tool_response,
+)
+
+__all__ = [
+    "Chat",
+    "ScriptExhausted",
+    "ScriptItem",
+    "ScriptedChat",
+    "ToolCallSpec",
+    "error_for_status",
+    "parse_retry_after",
+    "text_response",
+    "tool_response",
+    "with_retry",
+]

@@ -39,9 +39,7 @@ class ChatError(TurnkeeperError):
         self.events: tuple[Envelope, ...] = ()
 
     def __repr__(self) -> str:
-        return (
-            f"ChatError({self.message!r}, transient={self.transient!r}, status={self.status!r})"
-        )
+        return f"ChatError({self.message!r}, transient={self.transient!r}, status={self.status!r})"
 
 
 class LogError(TurnkeeperError):
@@ -61,10 +59,8 @@ class SeqError(LogError):
     """A session's events are not numbered 1, 2, 3... without gaps or repeats."""
 
     def __init__(self, session_id: str, seq: int, expected: int) -> None:
-        kind = "repeated" if seq < expected else "gap before"
-        super().__init__(
-            f"session {session_id}: seq {seq} is out of order ({kind} seq {seq}; expected {expected})"
-        )
+        what = "repeats an earlier seq" if seq < expected else "leaves a gap"
+        super().__init__(f"session {session_id}: seq {seq} {what} (expected seq {expected})")
         self.session_id = session_id
         self.seq = seq
         self.expected = expected

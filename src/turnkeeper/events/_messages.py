@@ -54,12 +54,27 @@ def decode_arguments(arguments: object) -> tuple[dict[str, Any], str | None]:
     except msgspec.DecodeError as exc:
         return {}, f"arguments are not valid JSON ({exc}): {arguments[:200]!r}"
     if not isinstance(value, dict):
-        return {}, f"arguments must be a JSON object, got {type(value).__name__}: {arguments[:200]!r}"
+        return (
+            {},
+            f"arguments must be a JSON object, got {type(value).__name__}: {arguments[:200]!r}",
+        )
     return value, None
+
+
+_last_decoded: list[tuple[Message, tuple[ToolUse, ...]]] = []
 
 
 def tool_uses_of(message: Message) -> tuple[ToolUse, ...]:
     """The tool calls of a well-formed assistant message, arguments decoded."""
+    # A poll decodes the same (never mutated) message twice; remember the last one.
+    if _last_decoded and _last_decoded[0][0] is message:
+        return _last_decoded[0][1]
+    uses = _decode_calls(message)
+    _last_decoded[:] = [(message, uses)]
+    return uses
+
+
+def _decode_calls(message: Message) -> tuple[ToolUse, ...]:
     calls = message.get("tool_calls") or ()
     uses: list[ToolUse] = []
     for call in calls:

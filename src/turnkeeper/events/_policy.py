@@ -27,7 +27,7 @@ class ConsecutiveErrors(msgspec.Struct, frozen=True):
 
 
 class LoopDetection(msgspec.Struct, frozen=True):
-    """Flag a repeat (same call and same answer, or the same reply text) `warnings` times, then halt."""
+    """Flag a repeat (same call and answer, or the same reply text) `warnings` times, then halt."""
 
     warnings: int = 1
 

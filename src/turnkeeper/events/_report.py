@@ -6,12 +6,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
-from turnkeeper.events._events import Event
+from turnkeeper.events._events import AnyEvent
 
-_sink: ContextVar[list[Event] | None] = ContextVar("turnkeeper_event_sink", default=None)
+_sink: ContextVar[list[AnyEvent] | None] = ContextVar("turnkeeper_event_sink", default=None)
 
 
-def report_event(event: Event) -> None:
+def report_event(event: AnyEvent) -> None:
     """Add `event` to the current poll's events; outside a poll it is dropped."""
     sink = _sink.get()
     if sink is not None:
@@ -19,9 +19,9 @@ def report_event(event: Event) -> None:
 
 
 @contextmanager
-def collecting_events() -> Iterator[list[Event]]:
+def collecting_events() -> Iterator[list[AnyEvent]]:
     """Collect what `report_event` is given inside the block, in this task and its threads."""
-    collected: list[Event] = []
+    collected: list[AnyEvent] = []
     token = _sink.set(collected)
     try:
         yield collected

@@ -23,6 +23,7 @@ from turnkeeper.events._events import (
     SessionOpened,
     TerminalToolCalled,
     ToolResultsReceived,
+    ToolReturned,
 )
 from turnkeeper.events._messages import (
     call_key,
@@ -34,7 +35,7 @@ from turnkeeper.events._messages import (
     tool_uses_of,
 )
 from turnkeeper.events._policy import GuardConfig
-from turnkeeper.events._types import AgentSpec, Message, ToolUse, Usage
+from turnkeeper.events._types import AgentSpec, Message, ToolResult, ToolUse, Usage
 
 Status = Literal["idle", "running", "requires_action", "halted", "cancelled", "failed"]
 """idle: waits for a user message. running: the model should be called (again).
@@ -67,6 +68,9 @@ class SessionState(msgspec.Struct, frozen=True):
     warnings: int = 0
     warned_repeats: int = 0
     reprompts: int = 0
+    last_repeat: str | None = None
+    deferred: tuple[Message, ...] = ()
+    returned: tuple[ToolResult, ...] = ()
     stop_reason: str | None = None
     result: dict[str, Any] | None = None
 
@@ -119,10 +123,22 @@ def _pending_of(history: tuple[Message, ...]) -> tuple[tuple[ToolUse, ...], Stat
     return (), "running" if last_role in ("user", "tool") else "idle"
 
 
-def _skip_notices(pending: tuple[ToolUse, ...], why: str) -> tuple[Message, ...]:
-    """A tool message for each of `pending`, saying it was not run and why."""
+def _answer(result: ToolResult) -> Message:
+    """The tool message carrying `result` to the model."""
+    content = error_content(result.text) if result.is_error else result.text
+    return tool_message(result.tool_use_id, content)
+
+
+def _closed(state: SessionState, why: str) -> tuple[Message, ...]:
+    """History with every pending call answered (by its result if it returned, else by a
+    notice that it was not run), then any deferred directives."""
     notice = _compact.encode({"skipped": True, "message": why}).decode()
-    return tuple(tool_message(use.id, notice) for use in pending)
+    returned = {result.tool_use_id: result for result in state.returned}
+    answers = tuple(
+        _answer(returned[use.id]) if use.id in returned else tool_message(use.id, notice)
+        for use in state.pending
+    )
+    return state.history + answers + state.deferred
 
 
 def apply_event(state: SessionState, envelope: Envelope) -> SessionState:
@@ -146,34 +162,42 @@ def apply_event(state: SessionState, envelope: Envelope) -> SessionState:
         return replace(
             state,
             seq=seq,
-            history=state.history
-            + (tool_message(event.tool_call_id, duplicate_content(event.message)),),
+            history=(
+                *state.history,
+                tool_message(event.tool_call_id, duplicate_content(event.message)),
+            ),
             pending=pending,
             repeats=state.repeats + 1,
+            last_repeat=f"{event.name}({event.arguments})",
             status="running" if not pending and state.status == "requires_action" else state.status,
         )
     if isinstance(event, DirectiveInjected):
+        directive: Message = {"role": "user", "content": event.text}
         changes: dict[str, Any] = {}
         if event.guard == "loop":
             changes = {"warnings": state.warnings + 1, "warned_repeats": state.repeats}
         elif event.guard == "terminal":
             changes = {"reprompts": state.reprompts + 1}
+        if state.pending:
+            # A directive must not split a tool call from its answer: it follows the answers.
+            changes["deferred"] = (*state.deferred, directive)
+        else:
+            changes["history"] = (*state.history, directive)
         return replace(
             state,
             seq=seq,
-            history=state.history + ({"role": "user", "content": event.text},),
             status="running" if state.status == "idle" else state.status,
             stop_reason=None,
             **changes,
         )
     if isinstance(event, MessageReceived):
-        history = state.history + _skip_notices(
-            state.pending, "not run: a new user message arrived"
-        )
+        history = _closed(state, "not run: a new user message arrived")
         return replace(
             state,
             seq=seq,
-            history=history + ({"role": "user", "content": event.text},),
+            history=(*history, {"role": "user", "content": event.text}),
+            deferred=(),
+            returned=(),
             status="running",
             polls=0,
             seen=frozenset(),
@@ -187,6 +211,7 @@ def apply_event(state: SessionState, envelope: Envelope) -> SessionState:
             warnings=0,
             warned_repeats=0,
             reprompts=0,
+            last_repeat=None,
             stop_reason=None,
             result=None,
         )
@@ -194,7 +219,9 @@ def apply_event(state: SessionState, envelope: Envelope) -> SessionState:
         return replace(
             state,
             seq=seq,
-            history=state.history + _skip_notices(state.pending, f"not run: {event.reason}"),
+            history=_closed(state, f"not run: {event.reason}"),
+            deferred=(),
+            returned=(),
             pending=(),
             status="halted",
             stop_reason=event.reason,
@@ -205,9 +232,12 @@ def apply_event(state: SessionState, envelope: Envelope) -> SessionState:
         return replace(
             state,
             seq=seq,
-            history=state.history
-            + (accepted,)
-            + _skip_notices(others, f"not run: {event.name} ended the run"),
+            history=_closed(
+                replace(state, history=(*state.history, accepted), pending=others),
+                f"not run: {event.name} ended the run",
+            ),
+            deferred=(),
+            returned=(),
             pending=(),
             status="idle",
             stop_reason="terminal_tool",
@@ -217,15 +247,21 @@ def apply_event(state: SessionState, envelope: Envelope) -> SessionState:
         return replace(
             state,
             seq=seq,
-            history=state.history
-            + _skip_notices(state.pending, "not run: the session was cancelled"),
+            history=_closed(state, "not run: the session was cancelled"),
+            deferred=(),
+            returned=(),
             pending=(),
             status="cancelled",
             stop_reason="cancelled",
         )
+    if isinstance(event, ToolReturned):
+        if not any(use.id == event.tool_call_id for use in state.pending):
+            return replace(state, seq=seq)
+        result = ToolResult(event.tool_call_id, event.text, event.is_error)
+        return replace(state, seq=seq, returned=(*state.returned, result))
     if isinstance(event, Failed):
         return replace(state, seq=seq, status="failed", stop_reason="failed")
-    if isinstance(event, SessionOpened):
+    if isinstance(event, SessionOpened) and seq != 1:
         raise ReplayError(f"session {state.session_id}: seq {seq} opens the session a second time")
     return replace(state, seq=seq)
 
@@ -236,6 +272,7 @@ def _apply_response(state: SessionState, event: ModelResponded, seq: int) -> Ses
     seen = state.seen
     texts = state.texts
     repeats = state.repeats
+    last_repeat = state.last_repeat
     if uses:
         seen = seen | {call_key(use.name, use.input) for use in uses}
         status: Status = "requires_action"
@@ -246,6 +283,7 @@ def _apply_response(state: SessionState, event: ModelResponded, seq: int) -> Ses
             mark = digest(" ".join(text.split()))
             if mark in texts:
                 repeats += 1
+                last_repeat = "the same reply as before"
             else:
                 texts = texts | {mark}
         status = "idle"
@@ -253,11 +291,12 @@ def _apply_response(state: SessionState, event: ModelResponded, seq: int) -> Ses
     return msgspec.structs.replace(
         state,
         seq=seq,
-        history=state.history + (message,),
+        history=(*state.history, message),
         polls=state.polls + 1,
         seen=seen,
         texts=texts,
         repeats=repeats,
+        last_repeat=last_repeat,
         pending=uses,
         usage=state.usage + event.usage,
         episode_usage=state.episode_usage + event.usage,
@@ -277,28 +316,35 @@ def _apply_results(state: SessionState, event: ToolResultsReceived, seq: int) ->
     error_counts = dict(state.error_counts)
     answers = dict(state.answers)
     repeats = state.repeats
+    last_repeat = state.last_repeat
     messages: list[Message] = []
     for result in event.results:
         use = by_id[result.tool_use_id]
-        content = error_content(result.text) if result.is_error else result.text
-        messages.append(tool_message(result.tool_use_id, content))
+        message = _answer(result)
+        content = message["content"]
+        messages.append(message)
         if result.is_error:
             error_counts[use.name] = error_counts.get(use.name, 0) + 1
         else:
             error_counts.pop(use.name, None)
-        key = "\x1f".join(call_key(use.name, use.input))
+        name, arguments = call_key(use.name, use.input)
+        key = f"{name}\x1f{arguments}"
         mark = digest(content)
         if answers.get(key) == mark:
             repeats += 1
+            last_repeat = f"{name}({arguments})"
         answers[key] = mark
     return msgspec.structs.replace(
         state,
         seq=seq,
-        history=state.history + tuple(messages),
+        history=state.history + tuple(messages) + state.deferred,
+        deferred=(),
+        returned=(),
         pending=(),
         error_counts=error_counts,
         answers=answers,
         repeats=repeats,
+        last_repeat=last_repeat,
         status="running",
         stop_reason=None,
     )

@@ -1,0 +1,116 @@
+"""Overhead of one poll_turn with a zero-latency scripted model, and memory per idle session.
+
+    python bench/poll_turn.py
+
+Prints the median and p90 microseconds per poll at 10 and 200 messages of history,
+and the bytes a fresh SessionState holds (tracemalloc, averaged over many sessions
+sharing one spec).
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+import tracemalloc
+from typing import Any
+
+import anyio
+
+from turnkeeper import AgentSpec, Kickoff, Resume, SessionState, ToolResult, ToolSpec
+from turnkeeper import open_session, poll_turn
+from turnkeeper.events import Envelope
+
+SPEC = AgentSpec(
+    system_prompt="You are a helpful assistant. Use the tools.",
+    tools=(
+        ToolSpec("search", "Search the web", {"type": "object", "properties": {"q": {"type": "string"}}}),
+        ToolSpec("finish", "Give the final answer", {"type": "object", "properties": {"answer": {"type": "string"}}}),
+    ),
+    terminal_tool="finish",
+)
+
+
+def tool_call_response(index: int) -> dict[str, Any]:
+    return {
+        "choices": [
+            {
+                "message": {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": f"call_{index}",
+                            "type": "function",
+                            "function": {"name": "search", "arguments": f'{{"q": "query {index}"}}'},
+                        }
+                    ],
+                },
+                "finish_reason": "tool_calls",
+            }
+        ],
+        "usage": {"prompt_tokens": 100, "completion_tokens": 10},
+    }
+
+
+async def session_with_history(messages: int) -> SessionState:
+    """A session whose history has about `messages` messages (distinct calls and results)."""
+    responses = iter(tool_call_response(i) for i in range(10_000))
+
+    async def chat(request: dict[str, Any]) -> dict[str, Any]:
+        return next(responses)
+
+    state = open_session(SPEC, max_turns=10_000)
+    events: tuple[Envelope, ...]
+    events, state = await poll_turn(state, Kickoff("Find things."), chat)
+    while len(state.history) < messages:
+        use = state.pending[0]
+        results = (ToolResult(use.id, f"result {use.id}"),)
+        events, state = await poll_turn(state, Resume(state.pending, results), chat)
+    return state
+
+
+async def time_polls(messages: int, polls: int = 2000) -> list[float]:
+    """Microseconds for each of `polls` polls, each from the same state of `messages` messages."""
+    base = await session_with_history(messages)
+    use = base.pending[0]
+    resume = Resume(base.pending, (ToolResult(use.id, "the result"),))
+    response = tool_call_response(99_999)
+
+    async def chat(request: dict[str, Any]) -> dict[str, Any]:
+        return response
+
+    samples: list[float] = []
+    for _ in range(polls):
+        start = time.perf_counter_ns()
+        await poll_turn(base, resume, chat)
+        samples.append((time.perf_counter_ns() - start) / 1000)
+    return samples
+
+
+def fresh_session_bytes(count: int = 10_000) -> float:
+    """Average bytes allocated per fresh, idle SessionState."""
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.take_snapshot()
+    states = [open_session(SPEC) for _ in range(count)]
+    after = tracemalloc.take_snapshot()
+    tracemalloc.stop()
+    allocated = sum(stat.size_diff for stat in after.compare_to(before, "filename"))
+    assert len(states) == count
+    return allocated / count
+
+
+async def main() -> None:
+    print("poll_turn overhead (ScriptedChat-style zero-latency model, one tool result in):")
+    for messages in (10, 200):
+        samples = await time_polls(messages)
+        samples.sort()
+        median = statistics.median(samples)
+        p90 = samples[int(len(samples) * 0.9)]
+        print(f"  history {messages:>3} messages: median {median:6.1f} us, p90 {p90:6.1f} us")
+    print(f"fresh SessionState: {fresh_session_bytes():,.0f} bytes per session")
+
+
+if __name__ == "__main__":
+    anyio.run(main)

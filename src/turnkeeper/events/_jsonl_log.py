@@ -1,0 +1,318 @@
+"""An event log in a directory of JSON Lines files, one `<session_id>.jsonl` per session."""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from pathlib import Path
+
+import anyio
+import msgspec
+import structlog
+
+from turnkeeper.events._errors import LogCorrupt, LogError, SeqError
+from turnkeeper.events._events import Envelope
+from turnkeeper.events._jsonl import TornTail, decode_jsonl
+from turnkeeper.events._log import Batch, EventLog, SeqConflict
+from turnkeeper.events._memory_log import EventStore
+
+_logger = structlog.get_logger(__name__)
+
+# Session ids become file names: no separators, no leading dot, nothing to escape the directory.
+_SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
+_SUFFIX = ".jsonl"
+_ORDER = "order.idx"
+
+
+class _Tail(msgspec.Struct, frozen=True):
+    """Where a session file's good lines end, and whether the last one lacks its newline."""
+
+    size: int
+    missing_newline: bool = False
+
+
+class _SessionFile(msgspec.Struct, frozen=True):
+    session_id: str
+    events: tuple[Envelope, ...]
+    tail: _Tail
+    torn: TornTail | None
+
+
+class _Directory(msgspec.Struct, frozen=True):
+    """What a log directory held: its session files, and the order file's entries."""
+
+    files: tuple[_SessionFile, ...]
+    order: tuple[tuple[str, int], ...]
+    order_clean: bool
+
+
+class JsonlLog(EventLog):
+    """An event log in `directory`: one JSON Lines file per session, each line an envelope.
+
+    An append writes its lines and fsyncs the file (and, for a new session, the
+    directory) before it returns. Appends to different sessions run in parallel
+    worker threads; there is no group commit across files. One process writes a
+    directory at a time. The log holds every event in memory once open.
+
+    A torn last line (a write cut short by a crash) is reported, in `torn` and as a
+    warning, and skipped; the file is cut back to its last good line before the
+    session's next append. Any other bad line, an event of another session, or a gap
+    or repeat in the seqs raises LogCorrupt or SeqError naming the file and session.
+
+    Positions: the file `order.idx` records the global order, one line
+    `<session_id> <seq>` per append ("that session's events up to seq come next").
+    It is written after the session file is fsynced, but not itself fsynced, so
+    positions are exactly stable across restarts and process crashes. Events it does
+    not place (their entry lost to an OS crash, or session files copied in) follow
+    the placed ones in (time, session id, seq) order, where an event's time is the
+    latest `at` of its session so far; the file is rewritten to match before the
+    next append.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        super().__init__()
+        self.directory = Path(directory)
+        self.torn: dict[str, TornTail] = {}
+        self.commits = 0
+        self._store = EventStore()
+        self._tails: dict[str, _Tail] = {}
+        self._busy: dict[str, anyio.Event] = {}
+        self._order_fd: int | None = None
+        self._order_stale = False
+
+    def __repr__(self) -> str:
+        return f"JsonlLog({str(self.directory)!r})"
+
+    async def _open(self) -> None:
+        directory = await anyio.to_thread.run_sync(_load_directory, self.directory)
+        for file in directory.files:
+            self._tails[file.session_id] = file.tail
+            if file.torn is not None:
+                self.torn[file.session_id] = file.torn
+                _logger.warning(
+                    "jsonl log: torn last line skipped",
+                    path=str(self._path(file.session_id)),
+                    session_id=file.session_id,
+                    line=file.torn.line,
+                    error=file.torn.error,
+                )
+        events, exact = _arrange(directory.files, directory.order)
+        self._store.add(events)
+        self._order_stale = not (exact and directory.order_clean)
+
+    async def _close(self) -> None:
+        while self._busy:
+            await next(iter(self._busy.values())).wait()
+        if self._order_fd is not None:
+            os.close(self._order_fd)
+            self._order_fd = None
+
+    async def _append(self, batch: Batch) -> None:
+        session_id = batch.session_id
+        if not _SESSION_ID.fullmatch(session_id):
+            raise LogError(
+                f"session id {session_id!r} cannot name a log file: use at most 200 letters, "
+                "digits, '.', '_' or '-', starting with a letter or digit"
+            )
+        while (busy := self._busy.get(session_id)) is not None:
+            await busy.wait()
+        actual = self._store.last_seq(session_id)
+        if actual != batch.expected_seq:
+            raise SeqConflict(session_id, batch.expected_seq, actual)
+        done = self._busy[session_id] = anyio.Event()
+        try:
+            tail = self._tails.get(session_id, _Tail(0))
+            data = b"".join(line + b"\n" for line in batch.lines)
+            # Once bytes may be on disk, memory must follow them, even if the caller is cancelled.
+            with anyio.CancelScope(shield=True):
+                written = await anyio.to_thread.run_sync(
+                    _write, self._path(session_id), data, tail, actual == 0
+                )
+                self._record_order(session_id, batch.events[-1].seq)
+                self._tails[session_id] = _Tail(tail.size + written)
+                self._store.add(batch.events)
+                self.commits += 1
+        finally:
+            del self._busy[session_id]
+            done.set()
+
+    async def _read(self, session_id: str, after: int, limit: int | None) -> list[Envelope]:
+        return self._store.read(session_id, after, limit)
+
+    async def _last_seq(self, session_id: str) -> int:
+        return self._store.last_seq(session_id)
+
+    async def _sessions(self) -> list[str]:
+        return self._store.sessions()
+
+    async def _read_all(self, after: int, limit: int | None) -> list[tuple[int, Envelope]]:
+        return self._store.read_all(after, limit)
+
+    def _path(self, session_id: str) -> Path:
+        return self.directory / f"{session_id}{_SUFFIX}"
+
+    def _record_order(self, session_id: str, seq: int) -> None:
+        """Note in the order file that the session's events up to `seq` come next.
+
+        This runs on the event loop, between a session file's fsync and the events
+        joining the store, so the file's order is the store's order. It is a small
+        write to the page cache (no fsync); the rare rewrite happens once per open.
+        """
+        path = self.directory / _ORDER
+        try:
+            if self._order_stale:
+                if self._order_fd is not None:
+                    os.close(self._order_fd)
+                    self._order_fd = None
+                temporary = path.with_name(f"{_ORDER}.tmp")
+                temporary.write_bytes(_encode_order(self._store.read_all(0, None)))
+                temporary.replace(path)
+                self._order_stale = False
+            if self._order_fd is None:
+                self._order_fd = os.open(
+                    path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644
+                )
+            os.write(self._order_fd, f"{session_id} {seq}\n".encode())
+        except OSError as exc:
+            raise LogError(f"{path}: cannot record the order of an append: {exc}") from None
+
+
+def _load_directory(directory: Path) -> _Directory:
+    """Read every session file and the order file, creating the directory if it is missing."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        paths = sorted(path for path in directory.iterdir() if path.name.endswith(_SUFFIX))
+    except OSError as exc:
+        raise LogError(f"{directory}: cannot open the log directory: {exc}") from None
+    order, clean = _load_order(directory / _ORDER)
+    return _Directory(tuple(_load_file(path) for path in paths), order, clean)
+
+
+def _load_order(path: Path) -> tuple[tuple[tuple[str, int], ...], bool]:
+    """The order file's entries, and whether it ended cleanly (a torn last entry is dropped)."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return (), True
+    except OSError as exc:
+        raise LogError(f"{path}: cannot read: {exc}") from None
+    lines = data.split(b"\n")
+    torn = lines.pop()
+    entries: list[tuple[str, int]] = []
+    for number, line in enumerate(lines, start=1):
+        fields = line.split(b" ")
+        session_id = fields[0].decode("utf-8", "replace")
+        if len(fields) != 2 or not _SESSION_ID.fullmatch(session_id) or not fields[1].isdigit():
+            raise LogCorrupt(f"{path}: not an order entry ('<session_id> <seq>')", line=number)
+        entries.append((session_id, int(fields[1])))
+    return tuple(entries), torn == b""
+
+
+def _arrange(
+    files: tuple[_SessionFile, ...], order: tuple[tuple[str, int], ...]
+) -> tuple[list[Envelope], bool]:
+    """Every event in global order, and whether the order file placed exactly all of them."""
+    sessions = {file.session_id: file.events for file in files}
+    placed: dict[str, int] = {}
+    arranged: list[Envelope] = []
+    exact = True
+    for session_id, seq in order:
+        events = sessions.get(session_id, ())
+        start = placed.get(session_id, 0)
+        if not start < seq <= len(events):
+            exact = False
+        end = min(seq, len(events))
+        if end > start:
+            arranged.extend(events[start:end])
+            placed[session_id] = end
+    ranked: list[tuple[float, str, int, Envelope]] = []
+    for session_id, events in sessions.items():
+        time = -math.inf
+        for envelope in events:
+            time = max(time, envelope.at)
+            if envelope.seq > placed.get(session_id, 0):
+                ranked.append((time, session_id, envelope.seq, envelope))
+    ranked.sort(key=lambda item: item[:3])
+    arranged.extend(item[3] for item in ranked)
+    return arranged, exact and not ranked
+
+
+def _encode_order(events: list[tuple[int, Envelope]]) -> bytes:
+    """Order file lines for events in global order: one entry per run of one session."""
+    lines: list[bytes] = []
+    for index, (_, envelope) in enumerate(events):
+        following = events[index + 1][1].session_id if index + 1 < len(events) else None
+        if following != envelope.session_id:
+            lines.append(f"{envelope.session_id} {envelope.seq}\n".encode())
+    return b"".join(lines)
+
+
+def _load_file(path: Path) -> _SessionFile:
+    """One session file's events; a torn last line is skipped and reported."""
+    session_id = path.name.removesuffix(_SUFFIX)
+    if not _SESSION_ID.fullmatch(session_id):
+        raise LogCorrupt(f"{path}: not a session log (the name is not a valid session id)")
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise LogError(f"{path}: cannot read: {exc}") from None
+    try:
+        read = decode_jsonl(data, check_seq=False)
+    except LogCorrupt as exc:
+        after = _last_good_seq(data, exc.line)
+        error = LogCorrupt(f"{path} (session {session_id}), {exc} (after seq {after})")
+        error.line = exc.line
+        raise error from None
+    for expected, envelope in enumerate(read.events, start=1):
+        if envelope.session_id != session_id:
+            raise LogCorrupt(
+                f"{path} (session {session_id}): seq {envelope.seq} belongs to session "
+                f"{envelope.session_id!r}"
+            )
+        if envelope.seq != expected:
+            gap = SeqError(session_id, envelope.seq, expected)
+            gap.args = (f"{path}: {gap}",)
+            raise gap
+    if read.torn is not None:
+        tail = _Tail(data.rfind(b"\n") + 1)
+    else:
+        tail = _Tail(len(data), missing_newline=bool(data) and not data.endswith(b"\n"))
+    return _SessionFile(session_id, read.events, tail, read.torn)
+
+
+def _last_good_seq(data: bytes, bad_line: int | None) -> int:
+    """The seq on the last line that decodes before `bad_line` (0 if none)."""
+    if bad_line is None:
+        return 0
+    good = b"\n".join(data.split(b"\n")[: bad_line - 1]) + b"\n"
+    events = decode_jsonl(good, check_seq=False).events
+    return events[-1].seq if events else 0
+
+
+def _write(path: Path, data: bytes, tail: _Tail, new_session: bool) -> int:
+    """Append `data` after the file's good lines and fsync; return the bytes written."""
+    if tail.missing_newline:
+        data = b"\n" + data
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        try:
+            if os.fstat(fd).st_size != tail.size:
+                # A torn last line, or the rest of an earlier append that failed.
+                os.ftruncate(fd, tail.size)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        if new_session:
+            # The file's directory entry must be durable too.
+            directory = os.open(path.parent, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                os.fsync(directory)
+            finally:
+                os.close(directory)
+    except OSError as exc:
+        raise LogError(f"{path}: cannot append: {exc}") from None
+    return len(data)

@@ -1,0 +1,73 @@
+"""Guards: pure functions from a view of a poll to a verdict, and their composition."""
+
+from turnkeeper.events._policy import (
+    Budget,
+    ConsecutiveErrors,
+    DuplicateCalls,
+    FinalTurn,
+    GuardConfig,
+    LoopDetection,
+    MaxTurns,
+    TerminalTool,
+)
+from turnkeeper.guards._builtin import (
+    budget,
+    consecutive_errors,
+    duplicate_calls,
+    final_turn,
+    loop_detection,
+    max_turns,
+    terminal_tool,
+)
+from turnkeeper.guards._compose import compose
+from turnkeeper.guards._view import (
+    CONTINUE,
+    Directive,
+    Guard,
+    GuardView,
+    Halt,
+    Phase,
+    Reply,
+    SelfAnswer,
+    Verdict,
+)
+
+default_guards: Guard = compose(
+    max_turns,
+    budget,
+    loop_detection,
+    duplicate_calls,
+    consecutive_errors,
+    terminal_tool,
+    final_turn,
+)
+"""Every built-in guard, each configured (or turned off) by the session's GuardConfig."""
+
+__all__ = [
+    "CONTINUE",
+    "Budget",
+    "ConsecutiveErrors",
+    "Directive",
+    "DuplicateCalls",
+    "FinalTurn",
+    "Guard",
+    "GuardConfig",
+    "GuardView",
+    "Halt",
+    "LoopDetection",
+    "MaxTurns",
+    "Phase",
+    "Reply",
+    "SelfAnswer",
+    "TerminalTool",
+    "Verdict",
+    "budget",
+    "compose",
+    "consecutive_errors",
+    "default_guards",
+    "duplicate_calls",
+    "final_turn",
+    "loop_detection",
+    "max_turns",
+    "terminal_tool",
+]

@@ -1,0 +1,167 @@
+"""The built-in guards. Each reads its settings from the session's GuardConfig and does
+nothing when that setting is None, so a session turns a guard off in its config."""
+
+from __future__ import annotations
+
+from turnkeeper._jsonschema import validate
+from turnkeeper.events import SessionState
+from turnkeeper.events._messages import call_key, gist, last_tool_result
+from turnkeeper.guards._view import CONTINUE, Directive, GuardView, Halt, SelfAnswer, Verdict
+
+
+def with_last_result(state: SessionState, lead: str) -> str:
+    """`lead`, preceded by the gist of the last tool result when there is one (one that
+    returned but has not reached the model yet counts)."""
+    last = state.returned[-1].text if state.returned else last_tool_result(state.history)
+    return f"{gist(last)}\n\n{lead}" if last else lead
+
+
+def max_turns(view: GuardView) -> Verdict:
+    """Halt before a model call the episode's `max_turns` does not allow."""
+    state = view.state
+    if view.phase != "before_call" or state.guards.max_turns is None:
+        return CONTINUE
+    if state.polls < state.max_turns:
+        return CONTINUE
+    lead = f"I stopped after {state.polls} model calls without finishing."
+    return Verdict(halt=Halt("max_turns", "max_turns_exceeded", with_last_result(state, lead)))
+
+
+def final_turn(view: GuardView) -> Verdict:
+    """On the last poll `max_turns` allows, tell the model to finish now."""
+    state = view.state
+    if view.phase != "before_call" or state.guards.final_turn is None:
+        return CONTINUE
+    if state.polls + 1 != state.max_turns:
+        return CONTINUE
+    terminal = state.spec.terminal_tool
+    if terminal is not None:
+        text = (
+            f"This is your last turn. Finish now: call `{terminal}` with your final answer, "
+            "using what you already have."
+        )
+    else:
+        text = (
+            "This is your last turn. Finish now: answer with what you already have, "
+            "and do not call any more tools."
+        )
+    return Verdict(directives=(Directive("final_turn", text),))
+
+
+def duplicate_calls(view: GuardView) -> Verdict:
+    """Self-answer a call repeating (name, args) from earlier in the episode or this reply."""
+    state = view.state
+    reply = view.reply
+    if view.phase != "after_response" or reply is None or state.guards.duplicates is None:
+        return CONTINUE
+    seen = set(state.seen)
+    answers: list[SelfAnswer] = []
+    for call in reply.calls:
+        if call.error is not None:
+            continue
+        tool = state.spec.tool(call.name)
+        if tool is not None and tool.repeatable:
+            continue
+        key = call_key(call.name, call.input)
+        if key in seen:
+            message = (
+                f"You already called {call.name} with these arguments in this request; "
+                "its answer is above. Use that answer, or call a tool with different arguments."
+            )
+            answers.append(SelfAnswer(call.id, call.name, key[1], message))
+        seen.add(key)
+    return Verdict(self_answers=tuple(answers)) if answers else CONTINUE
+
+
+def consecutive_errors(view: GuardView) -> Verdict:
+    """Tell the model to fix the error of a tool that has now failed `threshold` times in a row."""
+    state = view.state
+    config = state.guards.consecutive_errors
+    if view.phase != "before_call" or config is None:
+        return CONTINUE
+    directives: list[Directive] = []
+    named: set[str] = set()
+    for use, result in view.results:
+        count = state.error_counts.get(use.name, 0)
+        if not result.is_error or count < config.threshold or use.name in named:
+            continue
+        named.add(use.name)
+        text = (
+            f"The tool `{use.name}` has failed {count} times in a row. Its last error was: "
+            f"{gist(result.text)}. Fix that error before calling `{use.name}` again: check the "
+            "arguments against the tool's schema, or use another tool."
+        )
+        directives.append(Directive("consecutive_errors", text))
+    return Verdict(directives=tuple(directives)) if directives else CONTINUE
+
+
+def loop_detection(view: GuardView) -> Verdict:
+    """Flag a new repeat (same call and same answer, or the same reply text) to the model
+    `warnings` times; halt at the next repeat after that."""
+    state = view.state
+    config = state.guards.loop
+    if view.phase != "before_call" or config is None:
+        return CONTINUE
+    if state.repeats <= state.warned_repeats:
+        return CONTINUE
+    what = state.last_repeat or "a call"
+    if state.warnings < config.warnings:
+        text = (
+            f"You are going in circles: {what} gave the same answer as before. Do not repeat "
+            "it. Use the answers you already have, try something different, or finish."
+        )
+        return Verdict(directives=(Directive("loop", text),))
+    lead = f"I stopped because I was going in circles: {what} kept giving the same answer."
+    return Verdict(halt=Halt("loop", "going_in_circles", with_last_result(state, lead)))
+
+
+def terminal_tool(view: GuardView) -> Verdict:
+    """Finish on a valid call of the terminal tool; with `required`, re-prompt an answer that
+    skipped it `max_reprompts` times, then halt."""
+    state = view.state
+    config = state.guards.terminal
+    reply = view.reply
+    terminal = state.spec.terminal_tool
+    if view.phase != "after_response" or reply is None or config is None or terminal is None:
+        return CONTINUE
+    for call in reply.calls:
+        if call.name != terminal or call.error is not None:
+            continue
+        tool = state.spec.tool(terminal)
+        if tool is None or not validate(tool.input_schema, call.input):
+            return Verdict(finish=call)
+    if not config.required or reply.calls or reply.finish_reason != "stop":
+        return CONTINUE
+    if state.reprompts < config.max_reprompts:
+        text = (
+            f"You have not finished. Call `{terminal}` now with your final answer as its "
+            "arguments; do not reply with plain text."
+        )
+        return Verdict(directives=(Directive("terminal", text),))
+    said = f" Its last reply: {gist(reply.text)}" if reply.text else ""
+    message = (
+        f"The model stopped without calling `{terminal}` after {state.reprompts} reminders." + said
+    )
+    return Verdict(halt=Halt("terminal", "no_terminal_tool", message))
+
+
+def budget(view: GuardView) -> Verdict:
+    """Halt before a model call once the episode has used its token or time budget."""
+    state = view.state
+    config = state.guards.budget
+    if view.phase != "before_call" or config is None:
+        return CONTINUE
+    used = state.episode_usage.total_tokens
+    if config.max_tokens is not None and used >= config.max_tokens:
+        lead = f"I stopped: this request used {used} tokens, its budget is {config.max_tokens}."
+        return Verdict(halt=Halt("budget", "budget_exceeded", with_last_result(state, lead)))
+    started = state.episode_started
+    if config.max_seconds is not None and started is not None:
+        elapsed = view.now - started
+        if elapsed >= config.max_seconds:
+            lead = (
+                f"I stopped: this request has run {elapsed:.1f} s, "
+                f"its budget is {config.max_seconds:g} s."
+            )
+            return Verdict(halt=Halt("budget", "budget_exceeded", with_last_result(state, lead)))
+    return CONTINUE

@@ -1,0 +1,32 @@
+"""Combine guards into one."""
+
+from __future__ import annotations
+
+from turnkeeper.guards._view import CONTINUE, Directive, Guard, GuardView, SelfAnswer, Verdict
+
+
+def compose(*guards: Guard) -> Guard:
+    """One guard running `guards` in order: directives and self-answers add up, and the
+    first halt (or terminal-tool finish) wins and stops the rest."""
+
+    def composed(view: GuardView) -> Verdict:
+        directives: list[Directive] = []
+        answers: list[SelfAnswer] = []
+        for guard in guards:
+            verdict = guard(view)
+            if verdict is CONTINUE:
+                continue
+            answers.extend(verdict.self_answers)
+            if verdict.halt is not None or verdict.finish is not None:
+                return Verdict(
+                    self_answers=tuple(answers), halt=verdict.halt, finish=verdict.finish
+                )
+            directives.extend(verdict.directives)
+        if not directives and not answers:
+            return CONTINUE
+        return Verdict(directives=tuple(directives), self_answers=tuple(answers))
+
+    composed.__name__ = (
+        "compose(" + ", ".join(getattr(g, "__name__", "guard") for g in guards) + ")"
+    )
+    return composed

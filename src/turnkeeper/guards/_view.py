@@ -1,0 +1,77 @@
+"""What a guard sees (GuardView) and what it answers (Verdict)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Literal
+
+import msgspec
+
+from turnkeeper.events import Message, SessionState, ToolResult, ToolUse, Usage
+
+Phase = Literal["before_call", "after_response"]
+
+
+class Reply(msgspec.Struct, frozen=True):
+    """The model's answer in this poll, as guards see it after the call."""
+
+    message: Message
+    text: str | None
+    calls: tuple[ToolUse, ...]
+    finish_reason: str | None
+    usage: Usage
+
+
+class GuardView(msgspec.Struct, frozen=True):
+    """A read-only view of one point in a poll.
+
+    before_call: `state` has the poll's input applied and `results` holds the tool
+    results it delivered. after_response: `state` is as it was before the reply,
+    and `reply` is the model's answer.
+    """
+
+    phase: Phase
+    state: SessionState
+    now: float
+    results: tuple[tuple[ToolUse, ToolResult], ...] = ()
+    reply: Reply | None = None
+
+
+class Directive(msgspec.Struct, frozen=True):
+    """A user directive a guard adds to the history."""
+
+    guard: str
+    text: str
+
+
+class SelfAnswer(msgspec.Struct, frozen=True):
+    """A tool call answered by a guard instead of being run."""
+
+    tool_call_id: str
+    name: str
+    arguments: str
+    message: str
+
+
+class Halt(msgspec.Struct, frozen=True):
+    """Stop the episode; `message` is what the user is told."""
+
+    guard: str
+    reason: str
+    message: str
+
+
+class Verdict(msgspec.Struct, frozen=True):
+    """A guard's answer: add directives or self-answers, halt, or finish with the terminal tool."""
+
+    directives: tuple[Directive, ...] = ()
+    self_answers: tuple[SelfAnswer, ...] = ()
+    halt: Halt | None = None
+    finish: ToolUse | None = None
+
+
+CONTINUE = Verdict()
+"""The verdict that changes nothing."""
+
+Guard = Callable[[GuardView], Verdict]
+"""A pure function from a view to a verdict."""

@@ -1,0 +1,61 @@
+"""Sessions: state, inputs, poll_turn, normalize, and running a session to completion."""
+
+from turnkeeper.events import (
+    AgentSpec,
+    ChatError,
+    SessionState,
+    Status,
+    ToolResult,
+    ToolSpec,
+    ToolUse,
+    Usage,
+)
+from turnkeeper.sessions._inputs import Input, Kickoff, Resume, UserMessage
+from turnkeeper.sessions._normalize import Terminal, TurnResult, normalize
+from turnkeeper.sessions._open import new_session_id, open_session
+from turnkeeper.sessions._poll import (
+    Chat,
+    begin_poll,
+    build_request,
+    check_response,
+    emit,
+    end_poll,
+    opened_event,
+    poll_turn,
+)
+from turnkeeper.sessions._recheck import Divergence, recheck
+from turnkeeper.sessions._run import EventCallback, RunResult, TurnGuard, run
+
+__all__ = [
+    "AgentSpec",
+    "Chat",
+    "ChatError",
+    "Divergence",
+    "EventCallback",
+    "Input",
+    "Kickoff",
+    "Resume",
+    "RunResult",
+    "SessionState",
+    "Status",
+    "Terminal",
+    "ToolResult",
+    "ToolSpec",
+    "ToolUse",
+    "TurnGuard",
+    "TurnResult",
+    "Usage",
+    "UserMessage",
+    "begin_poll",
+    "build_request",
+    "check_response",
+    "emit",
+    "end_poll",
+    "new_session_id",
+    "normalize",
+    "open_session",
+    "opened_event",
+    "poll_turn",
+    "recheck",
+    "run",
+]

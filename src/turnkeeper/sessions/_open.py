@@ -1,0 +1,65 @@
+"""Open a session: a fresh one from a spec, or one reattached to a prior transcript."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence
+from typing import Any
+
+from turnkeeper.events import AgentSpec, GuardConfig, InputError, SessionOpened, SessionState
+from turnkeeper.events._state import initial_state
+
+
+def new_session_id() -> str:
+    """A fresh session id: `local_` and 16 hex characters."""
+    return "local_" + secrets.token_hex(8)
+
+
+def open_session(
+    spec: AgentSpec,
+    *,
+    session_id: str | None = None,
+    history: Sequence[dict[str, Any]] | None = None,
+    max_turns: int = 50,
+    guards: GuardConfig | None = None,
+) -> SessionState:
+    """A session's initial state (seq 0; its first poll logs `local.session_opened`).
+
+    With a non-empty `history` (a prior transcript, which already holds its system
+    message) the session resumes it verbatim; otherwise it starts from the spec's
+    system prompt.
+    """
+    if not isinstance(spec, AgentSpec):
+        raise InputError(f"spec: expected an AgentSpec, got {type(spec).__name__}")
+    if session_id is not None and (not isinstance(session_id, str) or not session_id.strip()):
+        raise InputError(f"session_id: expected a non-empty string, got {session_id!r}")
+    if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
+        raise InputError(f"max_turns: expected a positive integer, got {max_turns!r}")
+    config = GuardConfig() if guards is None else guards
+    if not isinstance(config, GuardConfig):
+        raise InputError(f"guards: expected a GuardConfig, got {type(config).__name__}")
+    if config.terminal is not None and config.terminal.required and spec.terminal_tool is None:
+        raise InputError("guards.terminal.required: the spec names no terminal_tool")
+    transcript = _transcript(history)
+    resume = bool(transcript)
+    if not resume:
+        transcript = (
+            ({"role": "system", "content": spec.system_prompt},) if spec.system_prompt else ()
+        )
+    opened = SessionOpened(
+        spec=spec, history=transcript, max_turns=max_turns, guards=config, resume=resume
+    )
+    return initial_state(session_id or new_session_id(), opened)
+
+
+def _transcript(history: Sequence[dict[str, Any]] | None) -> tuple[dict[str, Any], ...]:
+    if history is None:
+        return ()
+    if not isinstance(history, list | tuple):
+        raise InputError(f"history: expected a list of messages, got {type(history).__name__}")
+    for index, message in enumerate(history):
+        if not isinstance(message, dict):
+            raise InputError(f"history[{index}]: expected a message object, got {message!r:.80}")
+        if message.get("role") not in ("system", "user", "assistant", "tool"):
+            raise InputError(f"history[{index}].role: {message.get('role')!r} is not a chat role")
+    return tuple(history)

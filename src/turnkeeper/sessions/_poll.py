@@ -1,0 +1,345 @@
+"""poll_turn: advance a session by exactly one model call.
+
+The transition is split into two pure halves around the model call, `begin_poll`
+and `end_poll`, which take the time as an argument; `poll_turn` is the shell that
+reads the clock and awaits the chat backend.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+import msgspec
+
+from turnkeeper.events import (
+    AnyEvent,
+    ChatError,
+    ChatFailed,
+    DirectiveInjected,
+    DuplicateToolCall,
+    Envelope,
+    Halted,
+    InputError,
+    Message,
+    MessageReceived,
+    ModelResponded,
+    SessionOpened,
+    SessionState,
+    TerminalToolCalled,
+    ToolResult,
+    ToolResultsReceived,
+    ToolSpec,
+    ToolUse,
+    Usage,
+    apply_event,
+    collecting_events,
+)
+from turnkeeper.events._messages import text_of, tool_uses_of
+from turnkeeper.guards import Guard, GuardView, Reply, default_guards
+from turnkeeper.sessions._inputs import Input, Kickoff, Resume, UserMessage
+
+Chat = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+
+_json = msgspec.json.Encoder()
+
+
+def opened_event(state: SessionState) -> SessionOpened:
+    """The `local.session_opened` event that describes a state at seq 0."""
+    return SessionOpened(
+        spec=state.spec,
+        history=state.history,
+        max_turns=state.max_turns,
+        guards=state.guards,
+        resume=state.resume,
+    )
+
+
+def emit(state: SessionState, event: AnyEvent, *, at: float) -> tuple[Envelope, SessionState]:
+    """Envelope `event` as the session's next seq and apply it."""
+    envelope = Envelope(state.session_id, state.seq + 1, at, event)
+    return envelope, apply_event(state, envelope)
+
+
+class _Log:
+    """Events of one poll being built, with the state they lead to."""
+
+    def __init__(self, state: SessionState) -> None:
+        self.state = state
+        self.events: list[Envelope] = []
+
+    def push(self, event: AnyEvent, at: float) -> None:
+        envelope, self.state = emit(self.state, event, at=at)
+        self.events.append(envelope)
+
+
+def begin_poll(
+    state: SessionState, input: Input, *, now: float, guard: Guard = default_guards
+) -> tuple[list[Envelope], SessionState, dict[str, Any] | None]:
+    """Apply the input and the before-call guards. Returns the events, the state, and the
+    request to send to the model, or None when a guard halted the episode."""
+    log = _Log(state)
+    if state.seq == 0:
+        log.push(opened_event(state), now)
+    results: tuple[tuple[ToolUse, ToolResult], ...] = ()
+    if isinstance(input, Kickoff | UserMessage):
+        text = input.prompt if isinstance(input, Kickoff) else input.text
+        if not isinstance(text, str):
+            raise InputError(f"message text: expected a string, got {type(text).__name__}")
+        if state.pending:
+            raise InputError(
+                f"session {state.session_id} is waiting for the results of tool calls "
+                f"{', '.join(use.id for use in state.pending)}; resume with them first"
+            )
+        log.push(MessageReceived(text=text), now)
+    elif isinstance(input, Resume):
+        results = _match_results(state, input)
+        log.push(ToolResultsReceived(results=tuple(result for _, result in results)), now)
+    else:
+        raise InputError(f"input: expected Kickoff, UserMessage or Resume, got {input!r:.80}")
+    verdict = guard(GuardView("before_call", log.state, now, results=results))
+    if verdict.halt is not None:
+        halt = verdict.halt
+        log.push(Halted(guard=halt.guard, reason=halt.reason, message=halt.message), now)
+        return log.events, log.state, None
+    for directive in verdict.directives:
+        log.push(DirectiveInjected(guard=directive.guard, text=directive.text), now)
+    return log.events, log.state, build_request(log.state)
+
+
+def _match_results(state: SessionState, resume: Resume) -> tuple[tuple[ToolUse, ToolResult], ...]:
+    """Pair each pending tool use with its result, in call order; reject anything else."""
+    pending = {use.id: use for use in state.pending}
+    if resume.tool_uses:
+        given = [getattr(use, "id", use) for use in resume.tool_uses]
+        if sorted(map(str, given)) != sorted(pending):
+            raise InputError(
+                f"Resume.tool_uses: {given} are not the pending tool calls {list(pending)}"
+            )
+    by_id: dict[str, ToolResult] = {}
+    duplicates: list[str] = []
+    unknown: list[str] = []
+    for result in resume.results:
+        if not isinstance(result, ToolResult):
+            raise InputError(f"Resume.results: expected ToolResult, got {result!r:.80}")
+        if not isinstance(result.text, str):
+            raise InputError(f"result for {result.tool_use_id}: text must be a string")
+        if result.tool_use_id in by_id:
+            duplicates.append(result.tool_use_id)
+        elif result.tool_use_id not in pending:
+            unknown.append(result.tool_use_id)
+        by_id[result.tool_use_id] = result
+    missing = [use_id for use_id in pending if use_id not in by_id]
+    problems = []
+    if unknown:
+        problems.append(f"unknown tool call ids {unknown}")
+    if duplicates:
+        problems.append(f"more than one result for {duplicates}")
+    if missing:
+        problems.append(f"no result for {missing}")
+    if problems:
+        raise InputError(
+            f"session {state.session_id}: tool results rejected: {'; '.join(problems)}"
+        )
+    return tuple((use, by_id[use.id]) for use in state.pending)
+
+
+_tools_cache: dict[int, tuple[tuple[ToolSpec, ...], list[dict[str, Any]]]] = {}
+
+
+def _openai_tools(tools: tuple[ToolSpec, ...]) -> list[dict[str, Any]]:
+    """The tools in OpenAI shape, built once per spec's tool tuple."""
+    cached = _tools_cache.get(id(tools))
+    if cached is not None and cached[0] is tools:
+        return cached[1]
+    if len(_tools_cache) >= 256:
+        _tools_cache.clear()
+    shaped = [tool.to_openai() for tool in tools]
+    _tools_cache[id(tools)] = (tools, shaped)
+    return shaped
+
+
+def build_request(state: SessionState) -> dict[str, Any]:
+    """The chat request for the state's history. Backends must not mutate it."""
+    spec = state.spec
+    request: dict[str, Any] = {
+        "model": spec.model,
+        "messages": list(state.history),
+        "tools": _openai_tools(spec.tools),
+    }
+    request.update(spec.sampling())
+    return request
+
+
+def end_poll(
+    state: SessionState,
+    response: object,
+    *,
+    now: float,
+    guard: Guard = default_guards,
+    reported: Iterable[AnyEvent] = (),
+) -> tuple[list[Envelope], SessionState]:
+    """Apply the model's response and the after-response guards. Raises ChatError
+    ("malformed response: ...") when the response is not chat-completions shaped."""
+    message, finish_reason, usage = check_response(response, call_prefix=f"call_{state.seq + 1}")
+    reply = Reply(message, text_of(message), tool_uses_of(message), finish_reason, usage)
+    verdict = guard(GuardView("after_response", state, now, reply=reply))
+    log = _Log(state)
+    for event in reported:
+        log.push(event, now)
+    assert isinstance(response, dict)
+    log.push(
+        ModelResponded(
+            response=response, message=message, finish_reason=finish_reason, usage=usage
+        ),
+        now,
+    )
+    for answer in verdict.self_answers:
+        log.push(
+            DuplicateToolCall(
+                tool_call_id=answer.tool_call_id,
+                name=answer.name,
+                arguments=answer.arguments,
+                message=answer.message,
+            ),
+            now,
+        )
+    if verdict.halt is not None:
+        halt = verdict.halt
+        log.push(Halted(guard=halt.guard, reason=halt.reason, message=halt.message), now)
+    elif verdict.finish is not None:
+        use = verdict.finish
+        log.push(TerminalToolCalled(tool_call_id=use.id, name=use.name, result=use.input), now)
+    else:
+        for directive in verdict.directives:
+            log.push(DirectiveInjected(guard=directive.guard, text=directive.text), now)
+    return log.events, log.state
+
+
+def _malformed(what: str) -> ChatError:
+    return ChatError(f"malformed response: {what}", transient=False)
+
+
+def check_response(response: object, *, call_prefix: str) -> tuple[Message, str | None, Usage]:
+    """The assistant message, finish reason and usage of a chat-completions response.
+
+    Tool calls without a usable id get `<call_prefix>_<index>`, and a missing role or
+    call type is filled in, in a copy; the response itself is never changed.
+    """
+    if not isinstance(response, dict):
+        raise _malformed(f"expected a JSON object, got {type(response).__name__}")
+    choices = response.get("choices")
+    if not isinstance(choices, list) or not choices:
+        raise _malformed("no choices")
+    choice = choices[0]
+    if not isinstance(choice, dict):
+        raise _malformed("choices[0] is not an object")
+    message = choice.get("message")
+    if not isinstance(message, dict):
+        raise _malformed("choices[0] has no message")
+    content = message.get("content")
+    if content is not None and not isinstance(content, str | list):
+        raise _malformed(f"choices[0].message.content is {type(content).__name__}")
+    calls = message.get("tool_calls")
+    if calls is not None and not isinstance(calls, list):
+        raise _malformed("choices[0].message.tool_calls is not a list")
+    fixed_calls: list[Any] = []
+    changed = message.get("role") != "assistant"
+    ids: set[str] = set()
+    for index, call in enumerate(calls or ()):
+        where = f"choices[0].message.tool_calls[{index}]"
+        if not isinstance(call, dict):
+            raise _malformed(f"{where} is not an object")
+        function = call.get("function")
+        if not isinstance(function, dict):
+            raise _malformed(f"{where}.function is missing")
+        name = function.get("name")
+        if not isinstance(name, str) or not name:
+            raise _malformed(f"{where}.function.name is missing")
+        call_id = call.get("id")
+        if not isinstance(call_id, str) or not call_id or call_id in ids:
+            call = {**call, "id": f"{call_prefix}_{index}"}
+            changed = True
+        if call.get("type") != "function":
+            call = {**call, "type": "function"}
+            changed = True
+        ids.add(call["id"])
+        fixed_calls.append(call)
+    if changed:
+        message = {**message, "role": "assistant"}
+        if calls is not None:
+            message["tool_calls"] = fixed_calls
+    finish_reason = choice.get("finish_reason")
+    return message, finish_reason if isinstance(finish_reason, str) else None, _usage(response)
+
+
+def _usage(response: dict[str, Any]) -> Usage:
+    usage = response.get("usage")
+    if not isinstance(usage, dict):
+        return Usage()
+
+    def count(key: str) -> int:
+        value = usage.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+    return Usage(count("prompt_tokens"), count("completion_tokens"))
+
+
+def _storable(response: object) -> object:
+    """`response` if it can be logged as JSON, else its repr, so nothing the model sent is lost."""
+    try:
+        _json.encode(response)
+    except (TypeError, ValueError, OverflowError, msgspec.EncodeError):
+        return repr(response)[:10_000]
+    return response
+
+
+def _failure(
+    state: SessionState, error: ChatError, reported: list[AnyEvent], at: float, response: object
+) -> ChatError:
+    """`error`, carrying the events the failed poll should log, numbered after `state`."""
+    log = _Log(state)
+    if state.seq == 0:
+        log.push(opened_event(state), at)
+    for event in reported:
+        log.push(event, at)
+    log.push(
+        ChatFailed(
+            error=error.message,
+            transient=error.transient,
+            status=error.status,
+            response=_storable(response),
+        ),
+        at,
+    )
+    error.events = tuple(log.events)
+    return error
+
+
+async def poll_turn(
+    state: SessionState,
+    input: Input,
+    chat: Chat,
+    *,
+    guard: Guard = default_guards,
+    clock: Callable[[], float] = time.time,
+) -> tuple[tuple[Envelope, ...], SessionState]:
+    """Advance the session by one model call: apply `input`, run the guards, call `chat`.
+
+    Returns the poll's events and the new state. When the model call fails, raises
+    ChatError with `events` to log; the given state stays valid (retry the poll).
+    """
+    events, begun, request = begin_poll(state, input, now=clock(), guard=guard)
+    if request is None:
+        return tuple(events), begun
+    with collecting_events() as reported:
+        try:
+            response = await chat(request)
+        except ChatError as error:
+            raise _failure(state, error, reported, clock(), None)  # noqa: B904
+    try:
+        more, ended = end_poll(begun, response, now=clock(), guard=guard, reported=reported)
+    except ChatError as error:
+        raise _failure(state, error, reported, clock(), response) from None
+    return (*events, *more), ended

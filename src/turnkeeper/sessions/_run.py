@@ -1,0 +1,254 @@
+"""run: one session to completion, with in-process tools."""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import anyio
+import msgspec
+
+from turnkeeper.events import (
+    AgentSpec,
+    AnyEvent,
+    ChatError,
+    Envelope,
+    GuardConfig,
+    Halted,
+    InputError,
+    Message,
+    ModelResponded,
+    SessionState,
+    TerminalTool,
+    ToolCalled,
+    ToolResult,
+    ToolReturned,
+    ToolUse,
+    Usage,
+    fold,
+)
+from turnkeeper.guards import Guard, default_guards
+from turnkeeper.guards._builtin import with_last_result
+from turnkeeper.sessions._inputs import Input, Kickoff, Resume
+from turnkeeper.sessions._normalize import Terminal, TurnResult, normalize
+from turnkeeper.sessions._open import open_session
+from turnkeeper.sessions._poll import Chat, emit, poll_turn
+from turnkeeper.tools._handlers import ToolContext, Tools, as_handler, check_call, run_tool
+
+TurnGuard = Callable[[Usage, int], str | None]
+"""Called after each model call with the run's usage and model calls so far; a returned
+string halts the run with that message."""
+
+EventCallback = Callable[[Envelope], Any]
+"""Called with each event as it happens; may be async."""
+
+
+class RunResult(msgspec.Struct, frozen=True):
+    """How a run ended. `transcript` reattaches (`run(..., history=transcript)`), `result`
+    holds the terminal tool's arguments, `turns` counts model calls."""
+
+    terminal: Terminal | str
+    stop_reason: str
+    session_id: str
+    text: str | None
+    tool_uses: tuple[ToolUse, ...]
+    usage: Usage
+    turns: int
+    events: tuple[Envelope, ...]
+    transcript: tuple[Message, ...]
+    result: dict[str, Any] | None
+    state: SessionState
+
+
+class _Runner:
+    """The state of one run, and the events it has produced."""
+
+    def __init__(
+        self, state: SessionState, on_event: EventCallback | None, clock: Callable[[], float]
+    ):
+        self.state = state
+        self.events: list[Envelope] = []
+        self.on_event = on_event
+        self.clock = clock
+
+    async def record(self, events: Sequence[Envelope]) -> None:
+        self.events.extend(events)
+        if self.on_event is not None:
+            for envelope in events:
+                outcome = self.on_event(envelope)
+                if inspect.isawaitable(outcome):
+                    await outcome
+
+    async def emit(self, event: AnyEvent) -> None:
+        envelope, self.state = emit(self.state, event, at=self.clock())
+        await self.record((envelope,))
+
+    async def run_tools(
+        self,
+        spec: AgentSpec,
+        uses: tuple[ToolUse, ...],
+        tools: Tools,
+        concurrency: int,
+        timeout: float | None,
+    ) -> tuple[ToolResult, ...]:
+        handler = as_handler(tools)
+        results: dict[str, ToolResult] = {}
+        limiter = anyio.CapacityLimiter(concurrency)
+
+        async def one(use: ToolUse) -> None:
+            refusal = check_call(spec, use)
+            if refusal is not None:
+                results[use.id] = ToolResult(use.id, refusal, is_error=True)
+                return
+            async with limiter:
+                await self.emit(ToolCalled(tool_call_id=use.id, name=use.name, input=use.input))
+                ctx = ToolContext(self.state.session_id, use.id, use.name)
+                result = await run_tool(handler, use, ctx, timeout=timeout)
+                await self.emit(
+                    ToolReturned(tool_call_id=use.id, text=result.text, is_error=result.is_error)
+                )
+            results[use.id] = result
+
+        async with anyio.create_task_group() as group:
+            for use in uses:
+                group.start_soon(one, use)
+        return tuple(results[use.id] for use in uses)
+
+
+async def run(
+    spec: AgentSpec,
+    prompt: str | None,
+    chat: Chat,
+    *,
+    tools: Tools | None = None,
+    max_turns: int = 50,
+    require_terminal_tool: bool = False,
+    max_reprompts: int = 2,
+    guards: GuardConfig | None = None,
+    guard: Guard = default_guards,
+    turn_guard: TurnGuard | None = None,
+    on_event: EventCallback | None = None,
+    timeout: float | None = None,
+    history: Sequence[dict[str, Any]] | None = None,
+    session_id: str | None = None,
+    tool_concurrency: int = 8,
+    tool_timeout: float | None = None,
+    clock: Callable[[], float] = time.time,
+) -> RunResult:
+    """Run a session until the model answers, calls the terminal tool, a guard halts it,
+    `max_turns` is spent, `timeout` seconds pass, or it needs tools it was not given.
+
+    `tools` is one async handler `(name, args, ctx) -> str` or a mapping of tool name to
+    an async function called with the arguments as keywords; tools run at most
+    `tool_concurrency` at a time and their results go back in call order. A handler
+    that raises becomes an error result for the model. With `history` (a transcript
+    from a previous run) the session continues it; `prompt` may then be None.
+    """
+    config = guards if guards is not None else GuardConfig()
+    if require_terminal_tool or max_reprompts != 2:
+        config = msgspec.structs.replace(
+            config,
+            terminal=TerminalTool(required=require_terminal_tool, max_reprompts=max_reprompts),
+        )
+    if tool_concurrency < 1:
+        raise InputError(f"tool_concurrency: expected at least 1, got {tool_concurrency}")
+    state = open_session(
+        spec, session_id=session_id, history=history, max_turns=max_turns, guards=config
+    )
+    runner = _Runner(state, on_event, clock)
+    turns = 0
+    turn: TurnResult | None = None
+    failure: ChatError | None = None
+    next_input: Input | None
+    if prompt is not None:
+        next_input = Kickoff(prompt)
+    elif state.status == "running":
+        next_input = Resume()
+    elif state.status == "requires_action":
+        next_input = None
+    else:
+        raise InputError("prompt: nothing to continue in the history; give a prompt")
+    pending = state.pending
+    with anyio.move_on_after(timeout) as scope:
+        while True:
+            if next_input is None:
+                if tools is None:
+                    break
+                results = await runner.run_tools(
+                    spec, pending, tools, tool_concurrency, tool_timeout
+                )
+                next_input = Resume(pending, results)
+            try:
+                events, runner.state = await poll_turn(
+                    runner.state, next_input, chat, guard=guard, clock=clock
+                )
+            except ChatError as error:
+                await runner.record(error.events)
+                runner.state = fold(runner.state, error.events)
+                failure = error
+                break
+            await runner.record(events)
+            turn = normalize(events)
+            turns += sum(isinstance(envelope.event, ModelResponded) for envelope in events)
+            if turn.terminal != "requires_action":
+                break
+            if turn_guard is not None:
+                message = turn_guard(runner.state.usage, turns)
+                if message is not None:
+                    await runner.emit(
+                        Halted(guard="turn_guard", reason="turn_guard", message=message)
+                    )
+                    turn = None
+                    break
+            pending = turn.tool_uses
+            next_input = None if pending else Resume()
+    if scope.cancelled_caught:
+        lead = f"I stopped because the run took longer than its {timeout:g} s timeout."
+        with anyio.CancelScope(shield=True):
+            await runner.emit(
+                Halted(
+                    guard="runner", reason="timeout", message=with_last_result(runner.state, lead)
+                )
+            )
+        turn = None
+    return _result(runner, turn, failure, turns)
+
+
+def _result(
+    runner: _Runner, turn: TurnResult | None, failure: ChatError | None, turns: int
+) -> RunResult:
+    state = runner.state
+    text: str | None
+    tool_uses: tuple[ToolUse, ...] = ()
+    result: dict[str, Any] | None = None
+    if failure is not None:
+        terminal, reason = "terminated", "chat_error"
+        text = with_last_result(state, f"The model failed: {failure.message}")
+    elif turn is None:
+        last = runner.events[-1].event if runner.events else None
+        if isinstance(last, Halted):
+            terminal, reason, text = "terminated", last.reason, last.message
+        else:
+            terminal, reason, text, tool_uses = "requires_action", "tool_use", None, state.pending
+    else:
+        terminal, reason, text = turn.terminal, turn.stop_reason, turn.text
+        tool_uses, result = turn.tool_uses, turn.result
+        if terminal == "requires_action":
+            tool_uses = state.pending
+        if terminal == "terminated" and not (text and text.strip()):
+            text = with_last_result(state, f"The run ended ({reason}) without an answer.")
+    return RunResult(
+        terminal=terminal,
+        stop_reason=reason,
+        session_id=state.session_id,
+        text=text,
+        tool_uses=tool_uses,
+        usage=state.usage,
+        turns=turns,
+        events=tuple(runner.events),
+        transcript=state.history,
+        result=result,
+        state=state,
+    )

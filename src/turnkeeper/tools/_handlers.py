@@ -1,0 +1,103 @@
+"""Running tool calls in-process: handler shapes, argument checks, errors as results."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import anyio
+import msgspec
+
+from turnkeeper._jsonschema import validate
+from turnkeeper.events import AgentSpec, ToolResult, ToolUse
+
+
+class ToolContext(msgspec.Struct, frozen=True):
+    """What a handler knows about the call it serves. `tool_call_id` is stable across a
+    crash and a re-run, so a handler with side effects can dedupe on it."""
+
+    session_id: str
+    tool_call_id: str
+    name: str
+
+
+ToolHandler = Callable[[str, dict[str, Any], ToolContext], Awaitable[Any]]
+"""One handler for every tool: `async def handler(name, args, ctx) -> str`."""
+
+ToolFunctions = Mapping[str, Callable[..., Awaitable[Any]]]
+"""A handler per tool name, each called with the arguments as keywords."""
+
+Tools = ToolHandler | ToolFunctions
+
+_json = msgspec.json.Encoder()
+
+
+def as_handler(tools: Tools) -> ToolHandler:
+    """One handler for `tools`, given as a single handler or a mapping of name to function."""
+    if isinstance(tools, Mapping):
+        functions = dict(tools)
+
+        async def by_name(name: str, args: dict[str, Any], ctx: ToolContext) -> Any:
+            function = functions.get(name)
+            if function is None:
+                known = ", ".join(sorted(functions)) or "none"
+                raise LookupError(f"no handler for tool {name!r} (handled: {known})")
+            return await function(**args)
+
+        return by_name
+    if not callable(tools):
+        raise TypeError(
+            f"tools: expected a handler or a mapping of tool functions, got {tools!r:.80}"
+        )
+    return tools
+
+
+def check_call(spec: AgentSpec, use: ToolUse) -> str | None:
+    """Why `use` must not run (unknown tool, unreadable or invalid arguments), or None."""
+    if use.error is not None:
+        return f"{use.error}. Call {use.name} again with a JSON object as its arguments."
+    if not spec.tools:
+        return None
+    tool = spec.tool(use.name)
+    if tool is None:
+        known = ", ".join(t.name for t in spec.tools)
+        return f"unknown tool {use.name!r}. The tools are: {known}."
+    errors = validate(tool.input_schema, use.input)
+    if errors:
+        return f"invalid arguments for {use.name}: {'; '.join(errors)}. Fix them and try again."
+    return None
+
+
+def as_text(value: Any) -> str:
+    """A handler's return value as the text sent to the model."""
+    if isinstance(value, str):
+        return value
+    return _json.encode(value).decode()
+
+
+async def run_tool(
+    handler: ToolHandler,
+    use: ToolUse,
+    ctx: ToolContext,
+    *,
+    timeout: float | None = None,
+) -> ToolResult:
+    """Run one checked call. A handler that raises, times out or returns something that
+    is not text or JSON gives an error result carrying why, never an exception."""
+    value: Any = None
+    try:
+        with anyio.move_on_after(timeout) as scope:
+            value = handler(use.name, use.input, ctx)
+            if inspect.isawaitable(value):
+                value = await value
+    except Exception as exc:
+        return ToolResult(use.id, f"{type(exc).__name__}: {exc}", is_error=True)
+    if scope.cancelled_caught:
+        return ToolResult(use.id, f"{use.name} timed out after {timeout:g} s", is_error=True)
+    try:
+        return ToolResult(use.id, as_text(value))
+    except (TypeError, msgspec.EncodeError) as exc:
+        return ToolResult(
+            use.id, f"{use.name} returned {type(value).__name__}, not text: {exc}", is_error=True
+        )

@@ -1,0 +1,291 @@
+"""run: the whole loop with in-process tools, on both anyio backends."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import anyio
+import pytest
+
+from turnkeeper.events import (
+    AgentSpec,
+    ChatError,
+    Envelope,
+    ToolCalled,
+    ToolReturned,
+    ToolSpec,
+    Usage,
+    replay,
+)
+from turnkeeper.providers import ScriptedChat, text_response, tool_response
+from turnkeeper.sessions import recheck, run
+from turnkeeper.tools._handlers import ToolContext
+
+pytestmark = pytest.mark.anyio
+
+ADD = ToolSpec(
+    "add",
+    "Add two numbers",
+    {
+        "type": "object",
+        "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
+        "required": ["a", "b"],
+    },
+)
+FINISH = ToolSpec(
+    "finish",
+    "Give the answer",
+    {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]},
+)
+SPEC = AgentSpec(system_prompt="Use the tools.", tools=(ADD, FINISH), terminal_tool="finish")
+
+
+async def add(a: float, b: float) -> str:
+    return str(a + b)
+
+
+def tool_messages(transcript: tuple[dict[str, Any], ...]) -> list[str]:
+    return [m["content"] for m in transcript if m["role"] == "tool"]
+
+
+async def test_runs_tools_until_the_model_answers() -> None:
+    chat = ScriptedChat(
+        [tool_response(("add", {"a": 2, "b": 3})), text_response("2 + 3 = 5")]
+    )
+    result = await run(SPEC, "What is 2 + 3?", chat, tools={"add": add})
+    assert (result.terminal, result.stop_reason, result.text) == ("end_turn", "end_turn", "2 + 3 = 5")
+    assert result.turns == 2
+    assert tool_messages(result.transcript) == ["5"]
+    assert result.session_id.startswith("local_")
+    assert replay(result.events) == result.state
+    assert recheck(result.events) is None
+
+
+async def test_terminal_tool_result_and_no_further_model_call() -> None:
+    chat = ScriptedChat(
+        [tool_response(("add", {"a": 1, "b": 1})), tool_response(("finish", {"answer": "2"}))]
+    )
+    result = await run(SPEC, "1+1?", chat, tools={"add": add})
+    assert (result.terminal, result.stop_reason) == ("end_turn", "terminal_tool")
+    assert result.result == {"answer": "2"}
+    assert chat.calls == 2
+
+
+async def test_single_handler_gets_name_args_and_context() -> None:
+    seen: list[tuple[str, dict[str, Any], ToolContext]] = []
+
+    async def handler(name: str, args: dict[str, Any], ctx: ToolContext) -> str:
+        seen.append((name, args, ctx))
+        return "7"
+
+    chat = ScriptedChat([tool_response(("add", {"a": 3, "b": 4}, "c1")), text_response("7")])
+    result = await run(SPEC, "3+4", chat, tools=handler, session_id="local_aaaaaaaaaaaaaaaa")
+    assert seen == [("add", {"a": 3, "b": 4}, ToolContext("local_aaaaaaaaaaaaaaaa", "c1", "add"))]
+    assert result.text == "7"
+
+
+async def test_tool_call_is_logged_before_the_handler_runs() -> None:
+    logged: list[str] = []
+
+    async def handler(name: str, args: dict[str, Any], ctx: ToolContext) -> str:
+        logged.append("handler")
+        return "x"
+
+    def on_event(envelope: Envelope) -> None:
+        logged.append(envelope.type)
+
+    chat = ScriptedChat([tool_response(("add", {"a": 1, "b": 2})), text_response("x")])
+    await run(SPEC, "go", chat, tools=handler, on_event=on_event)
+    at = logged.index("handler")
+    assert logged[at - 1] == "local.tool_call"
+    assert logged[at + 1] == "local.tool_result"
+
+
+async def test_async_on_event_sees_every_event_in_order() -> None:
+    seqs: list[int] = []
+
+    async def on_event(envelope: Envelope) -> None:
+        await anyio.lowlevel.checkpoint()
+        seqs.append(envelope.seq)
+
+    chat = ScriptedChat([tool_response(("add", {"a": 1, "b": 2})), text_response("3")])
+    result = await run(SPEC, "go", chat, tools={"add": add}, on_event=on_event)
+    assert seqs == [e.seq for e in result.events] == list(range(1, len(result.events) + 1))
+
+
+async def test_raising_handler_becomes_an_error_result() -> None:
+    async def broken(a: float, b: float) -> str:
+        raise RuntimeError("the adder is on fire")
+
+    chat = ScriptedChat([tool_response(("add", {"a": 1, "b": 2})), text_response("sorry")])
+    result = await run(SPEC, "go", chat, tools={"add": broken})
+    assert json.loads(tool_messages(result.transcript)[0]) == {
+        "error": "RuntimeError: the adder is on fire",
+        "isError": True,
+    }
+    assert result.text == "sorry"
+
+
+async def test_invalid_unknown_and_malformed_calls_are_answered_without_running() -> None:
+    ran: list[str] = []
+
+    async def counting(a: float, b: float) -> str:
+        ran.append("add")
+        return "3"
+
+    chat = ScriptedChat(
+        [
+            tool_response(("add", {"a": "one", "b": 2}), ("nope", {}), ("add", "{broken")),
+            text_response("done"),
+        ]
+    )
+    result = await run(SPEC, "go", chat, tools={"add": counting})
+    errors = [json.loads(c)["error"] for c in tool_messages(result.transcript)]
+    assert ran == []
+    assert "invalid arguments for add" in errors[0]
+    assert "$.a" in errors[0]
+    assert "unknown tool 'nope'" in errors[1]
+    assert "not valid JSON" in errors[2]
+    assert not any(isinstance(e.event, ToolCalled) for e in result.events)
+
+
+async def test_tools_run_concurrently_up_to_the_limit_and_results_keep_call_order() -> None:
+    running = 0
+    peak = 0
+
+    async def slow(a: float, b: float) -> str:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await anyio.sleep(0.01 * (5 - a))
+        running -= 1
+        return str(a)
+
+    calls = [("add", {"a": i, "b": 0}) for i in range(5)]
+    chat = ScriptedChat([tool_response(*calls), text_response("ok")])
+    result = await run(SPEC, "go", chat, tools={"add": slow}, tool_concurrency=2)
+    assert peak == 2
+    assert tool_messages(result.transcript) == ["0", "1", "2", "3", "4"]
+
+
+async def test_tool_timeout_is_an_error_result() -> None:
+    async def hang(a: float, b: float) -> str:
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    chat = ScriptedChat([tool_response(("add", {"a": 1, "b": 2})), text_response("ok")])
+    result = await run(SPEC, "go", chat, tools={"add": hang}, tool_timeout=0.05)
+    assert "timed out after 0.05 s" in tool_messages(result.transcript)[0]
+
+
+async def test_looping_model_is_stopped_with_the_gist_of_the_last_result() -> None:
+    async def chat(request: dict[str, Any]) -> dict[str, Any]:
+        return tool_response(("add", {"a": 1, "b": 1}))
+
+    result = await run(SPEC, "go", chat, tools={"add": add})
+    assert (result.terminal, result.stop_reason) == ("terminated", "going_in_circles")
+    assert result.turns == 3
+    assert result.text is not None
+    assert result.text.startswith("2")
+    assert "going in circles" in result.text
+
+
+async def test_max_turns_ends_the_run_with_the_last_result() -> None:
+    counter = iter(range(100))
+
+    async def chat(request: dict[str, Any]) -> dict[str, Any]:
+        n = next(counter)
+        return tool_response(("add", {"a": n, "b": 1000}))
+
+    result = await run(SPEC, "go", chat, tools={"add": add}, max_turns=4)
+    assert (result.terminal, result.stop_reason) == ("terminated", "max_turns_exceeded")
+    assert result.turns == 4
+    assert result.text is not None
+    assert "1003" in result.text
+
+
+async def test_require_terminal_tool_reprompts_then_gives_up() -> None:
+    chat = ScriptedChat([text_response("a"), text_response("b"), text_response("c")])
+    result = await run(SPEC, "go", chat, require_terminal_tool=True, max_reprompts=2)
+    assert result.stop_reason == "no_terminal_tool"
+    assert result.turns == 3
+
+
+async def test_require_terminal_tool_accepts_a_late_finish() -> None:
+    chat = ScriptedChat([text_response("4"), tool_response(("finish", {"answer": "4"}))])
+    result = await run(SPEC, "go", chat, require_terminal_tool=True)
+    assert result.result == {"answer": "4"}
+
+
+async def test_turn_guard_halts_on_usage() -> None:
+    def guard(usage: Usage, turns: int) -> str | None:
+        return f"spent {usage.total_tokens} tokens" if usage.total_tokens >= 30 else None
+
+    chat = ScriptedChat(
+        [tool_response(("add", {"a": i, "b": 0}), usage=(10, 5)) for i in range(5)]
+    )
+    result = await run(SPEC, "go", chat, tools={"add": add}, turn_guard=guard)
+    assert (result.stop_reason, result.text) == ("turn_guard", "spent 30 tokens")
+    assert result.turns == 2
+    assert replay(result.events) == result.state
+    assert all(
+        any(m.get("tool_call_id") == call["id"] for m in result.transcript)
+        for msg in result.transcript
+        if msg["role"] == "assistant"
+        for call in msg.get("tool_calls") or []
+    )
+
+
+async def test_timeout_ends_the_run_and_keeps_the_log_consistent() -> None:
+    async def slow_chat(request: dict[str, Any]) -> dict[str, Any]:
+        if len(request["messages"]) > 2:
+            await anyio.sleep(10)
+        return tool_response(("add", {"a": 1, "b": 2}))
+
+    result = await run(SPEC, "go", slow_chat, tools={"add": add}, timeout=0.2)
+    assert (result.terminal, result.stop_reason) == ("terminated", "timeout")
+    assert result.text is not None
+    assert "3" in result.text
+    assert replay(result.events) == result.state
+
+
+async def test_chat_error_ends_the_run_with_a_reason() -> None:
+    chat = ScriptedChat(
+        [tool_response(("add", {"a": 1, "b": 2})), ChatError("HTTP 401", transient=False, status=401)]
+    )
+    result = await run(SPEC, "go", chat, tools={"add": add})
+    assert (result.terminal, result.stop_reason) == ("terminated", "chat_error")
+    assert result.text is not None
+    assert "HTTP 401" in result.text
+    assert "3" in result.text
+    assert result.events[-1].type == "local.chat_error"
+    assert replay(result.events) == result.state
+
+
+async def test_without_tools_the_run_returns_control_and_can_be_reattached() -> None:
+    chat = ScriptedChat([tool_response(("add", {"a": 2, "b": 2})), text_response("4")])
+    first = await run(SPEC, "2+2", chat)
+    assert first.terminal == "requires_action"
+    assert [u.name for u in first.tool_uses] == ["add"]
+    second = await run(SPEC, None, chat, tools={"add": add}, history=first.transcript)
+    assert second.text == "4"
+    assert second.state.resume
+    assert tool_messages(second.transcript) == ["4"]
+
+
+async def test_handler_returning_json_values_and_unencodable_values() -> None:
+    async def structured(a: float, b: float) -> Any:
+        return {"sum": a + b} if a else object()
+
+    chat = ScriptedChat(
+        [tool_response(("add", {"a": 1, "b": 2}), ("add", {"a": 0, "b": 2})), text_response("ok")]
+    )
+    result = await run(SPEC, "go", chat, tools={"add": structured})
+    first, second = tool_messages(result.transcript)
+    assert json.loads(first) == {"sum": 3}
+    assert "not text" in json.loads(second)["error"]
+    returned = {e.event.tool_call_id: e.event.is_error for e in result.events
+                if isinstance(e.event, ToolReturned)}
+    ids = [call["id"] for call in result.transcript[2]["tool_calls"]]
+    assert [returned[i] for i in ids] == [False, True]

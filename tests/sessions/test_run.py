@@ -259,7 +259,7 @@ async def test_chat_error_ends_the_run_with_a_reason() -> None:
     assert result.text is not None
     assert "HTTP 401" in result.text
     assert "3" in result.text
-    assert result.events[-1].type == "local.chat_error"
+    assert [e.type for e in result.events[-2:]] == ["local.chat_error", "local.halted"]
     assert replay(result.events) == result.state
 
 

@@ -160,7 +160,6 @@ async def run(
     runner = _Runner(state, on_event, clock)
     turns = 0
     turn: TurnResult | None = None
-    failure: ChatError | None = None
     next_input: Input | None
     if prompt is not None:
         next_input = Kickoff(prompt)
@@ -187,7 +186,10 @@ async def run(
             except ChatError as error:
                 await runner.record(error.events)
                 runner.state = fold(runner.state, error.events)
-                failure = error
+                lead = f"The model failed: {error.message}"
+                message = with_last_result(runner.state, lead)
+                await runner.emit(Halted(guard="runner", reason="chat_error", message=message))
+                turn = None
                 break
             await runner.record(events)
             turn = normalize(events)
@@ -213,20 +215,15 @@ async def run(
                 )
             )
         turn = None
-    return _result(runner, turn, failure, turns)
+    return _result(runner, turn, turns)
 
 
-def _result(
-    runner: _Runner, turn: TurnResult | None, failure: ChatError | None, turns: int
-) -> RunResult:
+def _result(runner: _Runner, turn: TurnResult | None, turns: int) -> RunResult:
     state = runner.state
     text: str | None
     tool_uses: tuple[ToolUse, ...] = ()
     result: dict[str, Any] | None = None
-    if failure is not None:
-        terminal, reason = "terminated", "chat_error"
-        text = with_last_result(state, f"The model failed: {failure.message}")
-    elif turn is None:
+    if turn is None:
         last = runner.events[-1].event if runner.events else None
         if isinstance(last, Halted):
             terminal, reason, text = "terminated", last.reason, last.message

@@ -17,15 +17,28 @@ from typing import Any
 
 import anyio
 
-from turnkeeper import AgentSpec, Kickoff, Resume, SessionState, ToolResult, ToolSpec
-from turnkeeper import open_session, poll_turn
-from turnkeeper.events import Envelope
+from turnkeeper import (
+    AgentSpec,
+    Kickoff,
+    Resume,
+    SessionState,
+    ToolResult,
+    ToolSpec,
+    open_session,
+    poll_turn,
+)
 
 SPEC = AgentSpec(
     system_prompt="You are a helpful assistant. Use the tools.",
     tools=(
-        ToolSpec("search", "Search the web", {"type": "object", "properties": {"q": {"type": "string"}}}),
-        ToolSpec("finish", "Give the final answer", {"type": "object", "properties": {"answer": {"type": "string"}}}),
+        ToolSpec(
+            "search", "Search the web", {"type": "object", "properties": {"q": {"type": "string"}}}
+        ),
+        ToolSpec(
+            "finish",
+            "Give the final answer",
+            {"type": "object", "properties": {"answer": {"type": "string"}}},
+        ),
     ),
     terminal_tool="finish",
 )
@@ -42,7 +55,10 @@ def tool_call_response(index: int) -> dict[str, Any]:
                         {
                             "id": f"call_{index}",
                             "type": "function",
-                            "function": {"name": "search", "arguments": f'{{"q": "query {index}"}}'},
+                            "function": {
+                                "name": "search",
+                                "arguments": f'{{"q": "query {index}"}}',
+                            },
                         }
                     ],
                 },
@@ -61,12 +77,11 @@ async def session_with_history(messages: int) -> SessionState:
         return next(responses)
 
     state = open_session(SPEC, max_turns=10_000)
-    events: tuple[Envelope, ...]
-    events, state = await poll_turn(state, Kickoff("Find things."), chat)
+    _, state = await poll_turn(state, Kickoff("Find things."), chat)
     while len(state.history) < messages:
         use = state.pending[0]
         results = (ToolResult(use.id, f"result {use.id}"),)
-        events, state = await poll_turn(state, Resume(state.pending, results), chat)
+        _, state = await poll_turn(state, Resume(state.pending, results), chat)
     return state
 
 

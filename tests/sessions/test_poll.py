@@ -15,6 +15,7 @@ from turnkeeper.events import (
     ChatRetried,
     DirectiveInjected,
     DuplicateToolCall,
+    Envelope,
     GuardConfig,
     InputError,
     ModelResponded,
@@ -22,8 +23,8 @@ from turnkeeper.events import (
     ToolResult,
     ToolSpec,
     apply_event,
-    encode_jsonl,
     decode_jsonl,
+    encode_jsonl,
     fold,
     replay,
 )
@@ -243,8 +244,11 @@ async def test_transport_failures_are_retried() -> None:
         return None
 
     chat = ScriptedChat(
-        [ChatError("connection refused", transient=True), ChatError("timeout", transient=True),
-         text_response("ok")]
+        [
+            ChatError("connection refused", transient=True),
+            ChatError("timeout", transient=True),
+            text_response("ok"),
+        ]
     )
     events, _ = await poll_turn(open_session(SPEC), Kickoff("go"), with_retry(chat, sleep=sleep))
     assert sum(isinstance(e.event, ChatRetried) for e in events) == 2
@@ -274,7 +278,7 @@ async def test_permanent_failures_are_not_retried_and_leave_state(status: int) -
 async def test_failed_poll_can_be_retried_and_log_stays_contiguous() -> None:
     chat = ScriptedChat([ChatError("down", transient=False, status=400), text_response("ok")])
     state = open_session(SPEC)
-    log = []
+    log: list[Envelope] = []
     with pytest.raises(ChatError) as caught:
         await poll_turn(state, Kickoff("go"), chat)
     log.extend(caught.value.events)
@@ -395,7 +399,7 @@ async def test_unknown_response_fields_survive_in_the_log() -> None:
     chat = ScriptedChat([response])
     events, state = await poll_turn(open_session(SPEC), Kickoff("go"), chat)
     decoded = decode_jsonl(encode_jsonl(events)).events
-    logged = [e.event for e in decoded if isinstance(e.event, ModelResponded)][0]
+    logged = next(e.event for e in decoded if isinstance(e.event, ModelResponded))
     assert logged.response["system_fingerprint"] == "fp_123"
     assert logged.response["choices"][0]["logprobs"] == {"content": [1, 2]}
     assert state.history[-1]["reasoning_content"] == "thinking..."
@@ -411,15 +415,18 @@ async def test_resume_rejects_unknown_missing_and_duplicate_results() -> None:
     with pytest.raises(InputError, match="unknown tool call ids"):
         await poll_turn(
             state,
-            Resume((), (ToolResult(first.id, "x"), ToolResult(second.id, "y"),
-                        ToolResult("nope", "z"))),
+            Resume(
+                (), (ToolResult(first.id, "x"), ToolResult(second.id, "y"), ToolResult("nope", "z"))
+            ),
             chat,
         )
     with pytest.raises(InputError, match="more than one result"):
         await poll_turn(
             state,
-            Resume((), (ToolResult(first.id, "x"), ToolResult(first.id, "x"),
-                        ToolResult(second.id, "y"))),
+            Resume(
+                (),
+                (ToolResult(first.id, "x"), ToolResult(first.id, "x"), ToolResult(second.id, "y")),
+            ),
             chat,
         )
 
@@ -440,15 +447,28 @@ async def test_terminal_tool_ends_with_its_arguments() -> None:
     chat = ScriptedChat([tool_response(("finish", {"q": "42"}))])
     events, state = await poll_turn(open_session(SPEC), Kickoff("go"), chat)
     turn = normalize(events)
-    assert (turn.terminal, turn.stop_reason, turn.result) == ("end_turn", "terminal_tool", {"q": "42"})
+    assert (turn.terminal, turn.stop_reason, turn.result) == (
+        "end_turn",
+        "terminal_tool",
+        {"q": "42"},
+    )
     assert state.result == {"q": "42"}
     assert state.history[-1]["role"] == "tool"
 
 
 async def test_terminal_tool_with_invalid_arguments_is_surfaced_not_finished() -> None:
     spec = AgentSpec(
-        tools=(ToolSpec("finish", "", {"type": "object", "properties": {"answer": {"type": "string"}},
-                                       "required": ["answer"]}),),
+        tools=(
+            ToolSpec(
+                "finish",
+                "",
+                {
+                    "type": "object",
+                    "properties": {"answer": {"type": "string"}},
+                    "required": ["answer"],
+                },
+            ),
+        ),
         terminal_tool="finish",
     )
     chat = ScriptedChat([tool_response(("finish", {"answer": 3}))])
@@ -482,13 +502,13 @@ async def test_missing_call_ids_are_filled_in_history_but_response_stays_verbati
     events, state = await poll_turn(open_session(SPEC), Kickoff("go"), chat)
     ids = [u.id for u in state.pending]
     assert len(set(ids)) == 2
-    logged = [e.event for e in events if isinstance(e.event, ModelResponded)][0]
+    logged = next(e.event for e in events if isinstance(e.event, ModelResponded))
     assert logged.response == raw
 
 
 async def test_seq_is_contiguous_and_apply_rejects_a_gap() -> None:
     chat = ScriptedChat([tool_response(("search", {"q": "a"})), text_response("ok")])
-    log = []
+    log: list[Envelope] = []
     state = open_session(SPEC)
     events, state = await poll_turn(state, Kickoff("go"), chat)
     log.extend(events)

@@ -7,6 +7,7 @@ through poll_turn as a host would, over several request episodes.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import itertools
 import json
@@ -41,6 +42,7 @@ from turnkeeper.events import (
     fold,
     replay,
 )
+from turnkeeper.events._messages import text_of, tool_uses_of
 from turnkeeper.guards import GuardView, Verdict, default_guards
 from turnkeeper.providers import text_response, tool_response
 from turnkeeper.sessions import (
@@ -55,9 +57,7 @@ from turnkeeper.sessions import (
     run,
 )
 
-EXAMPLES = settings(
-    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
+EXAMPLES = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 OBJECT = {"type": "object", "properties": {"q": {"type": "integer"}}}
 SPEC = AgentSpec(
@@ -87,7 +87,7 @@ configs = st.builds(
 )
 
 
-def response_for(step: tuple[str, Any]) -> dict[str, Any]:
+def response_for(step: tuple[str, Any]) -> Any:
     kind, value = step
     if kind == "calls":
         return tool_response(*[(name, {"q": q}) for name, q in value])
@@ -111,7 +111,7 @@ def scripted_model(steps: list[tuple[str, Any]]) -> Callable[[dict[str, Any]], A
     queue = iter(steps)
     ids = itertools.count(1)
 
-    async def chat(request: dict[str, Any]) -> dict[str, Any]:
+    async def chat(request: dict[str, Any]) -> Any:
         step = next(queue, ("text", "done"))
         response = response_for(step)
         for choice in response.get("choices") or []:
@@ -163,8 +163,9 @@ async def drive(
         return 1_000.0 + next(ticks)
 
     chat = scripted_model(steps)
-    state = open_session(SPEC, session_id="local_00000000000000aa", max_turns=max_turns,
-                         guards=config)
+    state = open_session(
+        SPEC, session_id="local_00000000000000aa", max_turns=max_turns, guards=config
+    )
     log: list[Envelope] = []
     polls = 0
     for episode in range(episodes):
@@ -239,9 +240,7 @@ def model_calls_per_episode(log: list[Envelope]) -> list[int]:
 def test_generated_sessions_keep_every_invariant(
     steps: list[tuple[str, Any]], episodes: int, max_turns: int, config: GuardConfig
 ) -> None:
-    result = anyio.run(
-        lambda: drive(steps, episodes=episodes, max_turns=max_turns, config=config)
-    )
+    result = anyio.run(lambda: drive(steps, episodes=episodes, max_turns=max_turns, config=config))
     assert all(count <= max_turns for count in model_calls_per_episode(result.log))
     check_tool_calls_answered(result.state.history)
     assert [e.seq for e in result.log] == list(range(1, len(result.log) + 1))
@@ -262,8 +261,9 @@ def test_crash_and_rebuild_from_the_log_changes_nothing(
     config = GuardConfig()
     steady = anyio.run(lambda: drive(steps, episodes=2, max_turns=max_turns, config=config))
     crashed = anyio.run(
-        lambda: drive(steps, episodes=2, max_turns=max_turns, config=config,
-                      crash_after=crash_after)
+        lambda: drive(
+            steps, episodes=2, max_turns=max_turns, config=config, crash_after=crash_after
+        )
     )
     assert crashed.state == steady.state
     assert crashed.log == steady.log
@@ -280,9 +280,7 @@ def test_a_model_repeating_one_call_forever_is_stopped_within_three_calls(
     name: str, q: int, max_turns: int
 ) -> None:
     steps = [("calls", [(name, q)])] * 1000
-    result = anyio.run(
-        lambda: drive(steps, episodes=1, max_turns=max_turns, config=GuardConfig())
-    )
+    result = anyio.run(lambda: drive(steps, episodes=1, max_turns=max_turns, config=GuardConfig()))
     assert model_calls_per_episode(result.log) == [3]
     halts = [e.event for e in result.log if isinstance(e.event, Halted)]
     assert [(h.guard, h.reason) for h in halts] == [("loop", "going_in_circles")]
@@ -302,9 +300,7 @@ def test_a_model_whose_calls_are_all_distinct_is_never_stopped_by_loop_guards(
     steps: list[tuple[str, Any]] = [
         ("calls", [(next(names_iter), next(fresh)) for _ in range(size)]) for size in sizes
     ]
-    result = anyio.run(
-        lambda: drive(steps, episodes=1, max_turns=max_turns, config=GuardConfig())
-    )
+    result = anyio.run(lambda: drive(steps, episodes=1, max_turns=max_turns, config=GuardConfig()))
     for envelope in result.log:
         event = envelope.event
         assert not (isinstance(event, Halted) and event.guard == "loop")
@@ -315,9 +311,7 @@ def test_a_model_whose_calls_are_all_distinct_is_never_stopped_by_loop_guards(
 @settings(max_examples=200, deadline=None)
 @given(steps=st.lists(move, max_size=15), max_turns=st.integers(1, 6))
 def test_guards_are_pure(steps: list[tuple[str, Any]], max_turns: int) -> None:
-    result = anyio.run(
-        lambda: drive(steps, episodes=2, max_turns=max_turns, config=GuardConfig())
-    )
+    result = anyio.run(lambda: drive(steps, episodes=2, max_turns=max_turns, config=GuardConfig()))
     for view, verdict in result.views:
         assert default_guards(view) == verdict
         assert default_guards(copy.deepcopy(view)) == verdict
@@ -339,8 +333,14 @@ def test_run_never_exceeds_max_turns_and_answers_every_call(
         return answer.text
 
     result = anyio.run(
-        lambda: run(SPEC, "go", scripted_model(steps), tools=tools, max_turns=max_turns,
-                    require_terminal_tool=require)
+        lambda: run(
+            SPEC,
+            "go",
+            scripted_model(steps),
+            tools=tools,
+            max_turns=max_turns,
+            require_terminal_tool=require,
+        )
     )
     assert result.turns <= max_turns
     assert sum(model_calls_per_episode(list(result.events))) == result.turns
@@ -353,16 +353,15 @@ def test_run_never_exceeds_max_turns_and_answers_every_call(
 @settings(max_examples=500, deadline=None)
 @given(st.binary(max_size=2000))
 def test_any_bytes_as_a_log_raise_only_log_errors(data: bytes) -> None:
-    try:
+    with contextlib.suppress(LogError):
         decode_jsonl(data)
-    except LogError:
-        pass
 
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
-    lambda children: st.lists(children, max_size=4)
-    | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
+    ),
     max_leaves=20,
 )
 envelope_like = st.fixed_dictionaries(
@@ -371,11 +370,27 @@ envelope_like = st.fixed_dictionaries(
         "seq": st.sampled_from([1, 2, 0, -1, "1"]),
         "at": st.sampled_from([0.0, 1, "x"]),
         "event": st.fixed_dictionaries(
-            {"type": st.sampled_from(["local.user_message", "local.model_response",
-                                      "local.tool_results", "local.session_opened", "x"])},
-            optional={"text": json_values, "response": json_values, "message": json_values,
-                      "results": json_values, "spec": json_values, "usage": json_values,
-                      "finish_reason": json_values, "history": json_values},
+            {
+                "type": st.sampled_from(
+                    [
+                        "local.user_message",
+                        "local.model_response",
+                        "local.tool_results",
+                        "local.session_opened",
+                        "x",
+                    ]
+                )
+            },
+            optional={
+                "text": json_values,
+                "response": json_values,
+                "message": json_values,
+                "results": json_values,
+                "spec": json_values,
+                "usage": json_values,
+                "finish_reason": json_values,
+                "history": json_values,
+            },
         ),
     }
 )
@@ -385,27 +400,46 @@ envelope_like = st.fixed_dictionaries(
 @given(st.lists(envelope_like, max_size=4))
 def test_envelope_shaped_json_raises_only_turnkeeper_errors(lines: list[Any]) -> None:
     data = b"".join(json.dumps(line).encode() + b"\n" for line in lines)
-    try:
+    with contextlib.suppress(TurnkeeperError):
         replay(decode_jsonl(data).events)
-    except TurnkeeperError:
-        pass
 
 
 @settings(max_examples=500, deadline=None)
-@given(json_values | st.fixed_dictionaries({"choices": st.lists(
-    st.fixed_dictionaries({}, optional={"message": json_values | st.fixed_dictionaries(
-        {}, optional={"content": json_values, "tool_calls": json_values, "role": json_values}),
-        "finish_reason": json_values}), max_size=2)}))
+@given(
+    json_values
+    | st.fixed_dictionaries(
+        {
+            "choices": st.lists(
+                st.fixed_dictionaries(
+                    {},
+                    optional={
+                        "message": json_values
+                        | st.fixed_dictionaries(
+                            {},
+                            optional={
+                                "content": json_values,
+                                "tool_calls": json_values,
+                                "role": json_values,
+                            },
+                        ),
+                        "finish_reason": json_values,
+                    },
+                ),
+                max_size=2,
+            )
+        }
+    )
+)
 def test_any_model_response_raises_only_chat_errors(response: Any) -> None:
     try:
         message, _, _ = check_response(response, call_prefix="call_1")
     except ChatError as error:
-        assert error.message.startswith("malformed response")
+        failure = error
+    else:
+        text_of(message)
+        tool_uses_of(message)
         return
-    from turnkeeper.events._messages import text_of, tool_uses_of
-
-    text_of(message)
-    tool_uses_of(message)
+    assert failure.message.startswith("malformed response")
 
 
 def test_model_strategy_reaches_every_kind_of_move() -> None:

@@ -50,11 +50,13 @@ def tool_messages(transcript: tuple[dict[str, Any], ...]) -> list[str]:
 
 
 async def test_runs_tools_until_the_model_answers() -> None:
-    chat = ScriptedChat(
-        [tool_response(("add", {"a": 2, "b": 3})), text_response("2 + 3 = 5")]
-    )
+    chat = ScriptedChat([tool_response(("add", {"a": 2, "b": 3})), text_response("2 + 3 = 5")])
     result = await run(SPEC, "What is 2 + 3?", chat, tools={"add": add})
-    assert (result.terminal, result.stop_reason, result.text) == ("end_turn", "end_turn", "2 + 3 = 5")
+    assert (result.terminal, result.stop_reason, result.text) == (
+        "end_turn",
+        "end_turn",
+        "2 + 3 = 5",
+    )
     assert result.turns == 2
     assert tool_messages(result.transcript) == ["5"]
     assert result.session_id.startswith("local_")
@@ -222,9 +224,7 @@ async def test_turn_guard_halts_on_usage() -> None:
     def guard(usage: Usage, turns: int) -> str | None:
         return f"spent {usage.total_tokens} tokens" if usage.total_tokens >= 30 else None
 
-    chat = ScriptedChat(
-        [tool_response(("add", {"a": i, "b": 0}), usage=(10, 5)) for i in range(5)]
-    )
+    chat = ScriptedChat([tool_response(("add", {"a": i, "b": 0}), usage=(10, 5)) for i in range(5)])
     result = await run(SPEC, "go", chat, tools={"add": add}, turn_guard=guard)
     assert (result.stop_reason, result.text) == ("turn_guard", "spent 30 tokens")
     assert result.turns == 2
@@ -252,7 +252,10 @@ async def test_timeout_ends_the_run_and_keeps_the_log_consistent() -> None:
 
 async def test_chat_error_ends_the_run_with_a_reason() -> None:
     chat = ScriptedChat(
-        [tool_response(("add", {"a": 1, "b": 2})), ChatError("HTTP 401", transient=False, status=401)]
+        [
+            tool_response(("add", {"a": 1, "b": 2})),
+            ChatError("HTTP 401", transient=False, status=401),
+        ]
     )
     result = await run(SPEC, "go", chat, tools={"add": add})
     assert (result.terminal, result.stop_reason) == ("terminated", "chat_error")
@@ -285,7 +288,10 @@ async def test_handler_returning_json_values_and_unencodable_values() -> None:
     first, second = tool_messages(result.transcript)
     assert json.loads(first) == {"sum": 3}
     assert "not text" in json.loads(second)["error"]
-    returned = {e.event.tool_call_id: e.event.is_error for e in result.events
-                if isinstance(e.event, ToolReturned)}
+    returned = {
+        e.event.tool_call_id: e.event.is_error
+        for e in result.events
+        if isinstance(e.event, ToolReturned)
+    }
     ids = [call["id"] for call in result.transcript[2]["tool_calls"]]
     assert [returned[i] for i in ids] == [False, True]

@@ -112,7 +112,7 @@ def _pending_of(history: tuple[Message, ...]) -> tuple[tuple[ToolUse, ...], Stat
         if role == "assistant":
             try:
                 uses = tool_uses_of(message)
-            except (KeyError, TypeError) as exc:
+            except (KeyError, TypeError, AttributeError) as exc:
                 raise InputError(f"history: malformed assistant tool_calls ({exc!r})") from None
             pending = tuple(use for use in uses if use.id not in answered)
             if pending:
@@ -268,7 +268,11 @@ def apply_event(state: SessionState, envelope: Envelope) -> SessionState:
 
 def _apply_response(state: SessionState, event: ModelResponded, seq: int) -> SessionState:
     message = event.message
-    uses = tool_uses_of(message)
+    try:
+        uses = tool_uses_of(message)
+    except TypeError as exc:
+        # Only a hand-made or damaged log gets here: poll_turn checks responses first.
+        raise ReplayError(f"session {state.session_id}: seq {seq}: {exc}") from None
     seen = state.seen
     texts = state.texts
     repeats = state.repeats

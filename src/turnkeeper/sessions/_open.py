@@ -62,4 +62,19 @@ def _transcript(history: Sequence[dict[str, Any]] | None) -> tuple[dict[str, Any
             raise InputError(f"history[{index}]: expected a message object, got {message!r:.80}")
         if message.get("role") not in ("system", "user", "assistant", "tool"):
             raise InputError(f"history[{index}].role: {message.get('role')!r} is not a chat role")
+        _check_tool_calls(index, message.get("tool_calls"))
     return tuple(history)
+
+
+def _check_tool_calls(index: int, calls: object) -> None:
+    if calls is None:
+        return
+    if not isinstance(calls, list):
+        raise InputError(f"history[{index}].tool_calls: expected a list")
+    for position, call in enumerate(calls):
+        where = f"history[{index}].tool_calls[{position}]"
+        if not isinstance(call, dict) or not isinstance(call.get("id"), str):
+            raise InputError(f"{where}: expected an object with a string id")
+        function = call.get("function")
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise InputError(f"{where}.function: expected an object with a string name")

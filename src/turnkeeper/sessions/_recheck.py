@@ -53,10 +53,10 @@ def _describe(events: Sequence[AnyEvent]) -> str:
             return f"finish with {event.name}"
     directives = [event for event in events if isinstance(event, DirectiveInjected)]
     if directives:
-        return "directive from " + ", ".join(sorted({d.guard for d in directives}))
+        return "add a directive from " + " and ".join(sorted({d.guard for d in directives}))
     if any(isinstance(event, ModelResponded) for event in events):
         return "call the model"
-    return "nothing"
+    return "do nothing"
 
 
 def _diverged(

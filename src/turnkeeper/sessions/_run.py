@@ -197,10 +197,10 @@ async def run(
             if turn.terminal != "requires_action":
                 break
             if turn_guard is not None:
-                message = turn_guard(runner.state.usage, turns)
-                if message is not None:
+                verdict = turn_guard(runner.state.usage, turns)
+                if verdict is not None:
                     await runner.emit(
-                        Halted(guard="turn_guard", reason="turn_guard", message=message)
+                        Halted(guard="turn_guard", reason="turn_guard", message=verdict)
                     )
                     turn = None
                     break

@@ -1,0 +1,87 @@
+"""open_session: fresh and reattached sessions, and the errors bad arguments get."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from turnkeeper.events import AgentSpec, GuardConfig, InputError, TerminalTool, ToolSpec
+from turnkeeper.sessions import open_session
+
+SPEC = AgentSpec(system_prompt="Be brief.", tools=(ToolSpec("f"),))
+
+
+def test_fresh_session_starts_from_the_system_prompt() -> None:
+    state = open_session(SPEC, max_turns=7)
+    assert state.history == ({"role": "system", "content": "Be brief."},)
+    assert (state.seq, state.polls, state.max_turns, state.status) == (0, 0, 7, "idle")
+    assert not state.resume
+    assert state.guards == GuardConfig()
+
+
+def test_empty_system_prompt_gives_no_system_message() -> None:
+    assert open_session(AgentSpec()).history == ()
+
+
+def test_an_empty_transcript_means_a_fresh_open() -> None:
+    state = open_session(SPEC, history=[])
+    assert not state.resume
+    assert state.history[0]["role"] == "system"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"max_turns": 0}, "max_turns"),
+        ({"max_turns": True}, "max_turns"),
+        ({"max_turns": "5"}, "max_turns"),
+        ({"session_id": ""}, "session_id"),
+        ({"session_id": "  "}, "session_id"),
+        ({"guards": {"loop": None}}, "guards"),
+        ({"history": "hello"}, "history"),
+        ({"history": [{"role": "user", "content": "x"}, "oops"]}, "history[1]"),
+        ({"history": [{"role": "robot", "content": "x"}]}, "history[0].role"),
+        ({"history": [{"content": "x"}]}, "history[0].role"),
+        (
+            {"history": [{"role": "assistant", "tool_calls": [{"id": "1", "function": 3}]}]},
+            "history",
+        ),
+        ({"guards": GuardConfig(terminal=TerminalTool(required=True))}, "terminal"),
+    ],
+)
+def test_bad_arguments_are_named(kwargs: dict[str, Any], field: str) -> None:
+    with pytest.raises(InputError, match=field.replace("[", r"\[").replace("]", r"\]")):
+        open_session(SPEC, **kwargs)
+
+
+def test_spec_must_be_an_agent_spec() -> None:
+    with pytest.raises(InputError, match="spec"):
+        open_session({"system_prompt": "x"})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("last", "status"),
+    [
+        ({"role": "user", "content": "hi"}, "running"),
+        ({"role": "assistant", "content": "hello"}, "idle"),
+        ({"role": "tool", "tool_call_id": "1", "content": "ok"}, "running"),
+    ],
+)
+def test_reattached_status_follows_the_transcript(last: dict[str, Any], status: str) -> None:
+    history: list[dict[str, Any]] = [{"role": "system", "content": "s"}]
+    if last["role"] == "tool":
+        history.append(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {"id": "1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+                ],
+            }
+        )
+    history.append(last)
+    state = open_session(SPEC, history=history)
+    assert state.resume
+    assert state.status == status
+    assert state.pending == ()

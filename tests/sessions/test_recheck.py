@@ -1,0 +1,84 @@
+"""recheck: determinism of the logged guard events, and what-if under another config."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import pytest
+
+from turnkeeper.events import (
+    AgentSpec,
+    GuardConfig,
+    LoopDetection,
+    ReplayError,
+    ToolSpec,
+)
+from turnkeeper.providers import tool_response
+from turnkeeper.sessions import recheck, run
+
+pytestmark = pytest.mark.anyio
+
+SPEC = AgentSpec(tools=(ToolSpec("search"), ToolSpec("status", repeatable=True)))
+
+
+async def looping_run(*, max_turns: int = 50, guards: GuardConfig | None = None) -> Any:
+    async def chat(request: dict[str, Any]) -> dict[str, Any]:
+        return tool_response(("status", {"job": 1}))
+
+    async def status(job: int) -> str:
+        return "still running"
+
+    return await run(
+        SPEC, "wait for job 1", chat, tools={"status": status}, max_turns=max_turns, guards=guards
+    )
+
+
+async def test_a_log_rechecked_under_its_own_guards_agrees() -> None:
+    result = await looping_run()
+    assert result.stop_reason == "going_in_circles"
+    assert recheck(result.events) is None
+
+
+async def test_loop_guard_off_then_on_reports_the_poll_it_would_halt_at() -> None:
+    result = await looping_run(max_turns=6, guards=GuardConfig(loop=None))
+    assert result.stop_reason == "max_turns_exceeded"
+    divergence = recheck(result.events, guards=GuardConfig())
+    assert divergence is not None
+    assert divergence.poll == 3
+    assert divergence.summary == (
+        "would add a directive from loop at poll 3 (the log shows: call the model)"
+    )
+    halting = recheck(result.events, guards=GuardConfig(loop=LoopDetection(warnings=0)))
+    assert halting is not None
+    assert halting.summary.startswith("would halt at poll 3: going_in_circles")
+
+
+async def test_turning_a_guard_off_reports_where_the_log_halted() -> None:
+    result = await looping_run()
+    divergence = recheck(result.events, guards=GuardConfig(loop=None))
+    assert divergence is not None
+    assert divergence.summary == (
+        "would call the model at poll 3 (the log shows: add a directive from loop)"
+    )
+
+
+async def test_a_log_missing_a_guard_event_is_caught() -> None:
+    result = await looping_run()
+    kept = [e for e in result.events if e.type != "local.directive"]
+    renumbered = [msgspec.structs.replace(e, seq=n) for n, e in enumerate(kept, start=1)]
+    divergence = recheck(renumbered)
+    assert divergence is not None
+    assert divergence.poll == 3
+    assert divergence.summary.startswith("would add a directive from loop at poll 3")
+
+
+async def test_a_log_whose_first_event_is_not_the_opening_is_refused() -> None:
+    result = await looping_run()
+    with pytest.raises(ReplayError):
+        recheck(result.events[1:])
+
+
+async def test_recheck_needs_the_opening_event() -> None:
+    with pytest.raises(ReplayError):
+        recheck([])

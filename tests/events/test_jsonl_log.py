@@ -1,0 +1,246 @@
+"""JsonlLog's own behaviour: torn lines, repair, corrupt files, file names and the order file."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+import structlog
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.events.test_logs import envelope, run
+from turnkeeper.events import LogCorrupt, LogError, SeqError, decode_jsonl, encode_jsonl
+from turnkeeper.events._jsonl_log import JsonlLog
+
+
+def names(directory: Path) -> list[str]:
+    """The names of the entries in `directory`."""
+    return sorted(path.name for path in directory.iterdir())
+
+
+async def write_sessions(directory: Path, sessions: dict[str, int]) -> None:
+    """Log `count` events for each session, one append each, then close."""
+    async with JsonlLog(directory) as log:
+        for session_id, count in sessions.items():
+            await log.append(run(session_id, 1, count), expected_seq=0)
+
+
+@pytest.mark.anyio
+async def test_torn_last_line_is_reported_skipped_and_repaired_before_the_next_append(
+    tmp_path: Path,
+) -> None:
+    await write_sessions(tmp_path, {"s1": 3})
+    path = tmp_path / "s1.jsonl"
+    with path.open("ab") as file:
+        file.write(b'{"session_id":"s1","seq":4,"at":4.0,"event":{"type":"local.us')
+
+    with structlog.testing.capture_logs() as logged:
+        async with JsonlLog(tmp_path) as log:
+            assert await log.read("s1") == run("s1", 1, 3)
+            assert log.torn["s1"].line == 4
+            assert b'"seq":4' in log.torn["s1"].data
+            await log.append([envelope("s1", 4)], expected_seq=3)
+    assert [entry["event"] for entry in logged] == ["jsonl log: torn last line skipped"]
+    assert logged[0]["session_id"] == "s1"
+    assert logged[0]["line"] == 4
+
+    repaired = decode_jsonl(path.read_bytes())
+    assert repaired.torn is None
+    assert list(repaired.events) == run("s1", 1, 4)
+    async with JsonlLog(tmp_path) as log:
+        assert log.torn == {}
+        assert await log.read("s1") == run("s1", 1, 4)
+
+
+@pytest.mark.anyio
+async def test_a_file_holding_only_a_torn_first_line_is_an_empty_session(tmp_path: Path) -> None:
+    (tmp_path / "s1.jsonl").write_bytes(b'{"session_id":"s1","se')
+    async with JsonlLog(tmp_path) as log:
+        assert await log.sessions() == []
+        assert await log.last_seq("s1") == 0
+        await log.append(run("s1", 1, 2), expected_seq=0)
+    assert decode_jsonl((tmp_path / "s1.jsonl").read_bytes()).events == tuple(run("s1", 1, 2))
+
+
+@pytest.mark.anyio
+async def test_a_whole_last_line_without_its_newline_is_kept_and_terminated(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "s1.jsonl").write_bytes(encode_jsonl(run("s1", 1, 2)).rstrip(b"\n"))
+    async with JsonlLog(tmp_path) as log:
+        assert await log.read("s1") == run("s1", 1, 2)
+        assert log.torn == {}
+        await log.append([envelope("s1", 3)], expected_seq=2)
+    data = (tmp_path / "s1.jsonl").read_bytes()
+    assert data == encode_jsonl(run("s1", 1, 3))
+
+
+@pytest.mark.anyio
+async def test_bytes_left_by_a_failed_append_are_cut_before_the_next_one(tmp_path: Path) -> None:
+    async with JsonlLog(tmp_path) as log:
+        await log.append(run("s1", 1, 2), expected_seq=0)
+        with (tmp_path / "s1.jsonl").open("ab") as file:
+            file.write(b'{"session_id":"s1","seq":3,')
+        await log.append([envelope("s1", 3)], expected_seq=2)
+    assert (tmp_path / "s1.jsonl").read_bytes() == encode_jsonl(run("s1", 1, 3))
+
+
+@pytest.mark.anyio
+async def test_a_corrupt_middle_line_names_file_session_line_and_seq(tmp_path: Path) -> None:
+    lines = encode_jsonl(run("s1", 1, 4)).split(b"\n")
+    lines[2] = b'{"session_id":"s1","seq":3,"at":"soon"}'
+    path = tmp_path / "s1.jsonl"
+    path.write_bytes(b"\n".join(lines))
+    with pytest.raises(
+        LogCorrupt, match=r"s1\.jsonl \(session s1\), line 3: .*\(after seq 2\)"
+    ) as info:
+        await JsonlLog(tmp_path).read("s1")
+    assert info.value.line == 3
+    assert str(path) in str(info.value)
+
+
+@pytest.mark.anyio
+async def test_a_seq_gap_in_a_file_names_file_session_and_seq(tmp_path: Path) -> None:
+    events = run("s1", 1, 2) + run("s1", 4, 1)
+    (tmp_path / "s1.jsonl").write_bytes(encode_jsonl(events))
+    with pytest.raises(SeqError, match=r"s1\.jsonl: session s1: seq 4 .*expected seq 3") as info:
+        await JsonlLog(tmp_path).sessions()
+    assert (info.value.session_id, info.value.seq, info.value.expected) == ("s1", 4, 3)
+
+
+@pytest.mark.anyio
+async def test_another_sessions_event_in_a_file_is_corrupt(tmp_path: Path) -> None:
+    (tmp_path / "s1.jsonl").write_bytes(encode_jsonl([envelope("s1", 1), envelope("s2", 2)]))
+    with pytest.raises(
+        LogCorrupt, match=r"s1\.jsonl \(session s1\): seq 2 belongs to session 's2'"
+    ):
+        await JsonlLog(tmp_path).sessions()
+
+
+@pytest.mark.anyio
+async def test_a_log_file_whose_name_is_not_a_session_id_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "two words.jsonl").write_bytes(b"")
+    with pytest.raises(LogCorrupt, match=r"two words\.jsonl: not a session log"):
+        await JsonlLog(tmp_path).sessions()
+
+
+@pytest.mark.parametrize(
+    "session_id", ["../escape", "a/b", ".hidden", "-dash", "a b", "x" * 201, "é", "a\x00b"]
+)
+@pytest.mark.anyio
+async def test_session_ids_that_cannot_be_file_names_are_refused(
+    tmp_path: Path, session_id: str
+) -> None:
+    directory = tmp_path / "log"
+    async with JsonlLog(directory) as log:
+        with pytest.raises(LogError, match="cannot name a log file"):
+            await log.append([envelope(session_id, 1)], expected_seq=0)
+        assert await log.read(session_id) == []
+    assert names(tmp_path) == ["log"]
+    assert names(directory) == []
+
+
+@pytest.mark.anyio
+async def test_a_directory_path_that_is_a_file_is_a_log_error(tmp_path: Path) -> None:
+    (tmp_path / "log").write_bytes(b"not a directory")
+    with pytest.raises(LogError, match="cannot open the log directory"):
+        await JsonlLog(tmp_path / "log").sessions()
+
+
+@pytest.mark.anyio
+async def test_positions_follow_append_order_across_reopen_even_when_time_goes_back(
+    tmp_path: Path,
+) -> None:
+    async with JsonlLog(tmp_path) as log:
+        await log.append([envelope("b", 1, at=50.0)], expected_seq=0)
+        await log.append([envelope("a", 1, at=10.0)], expected_seq=0)
+        await log.append([envelope("b", 2, at=5.0)], expected_seq=1)
+        live = await log.read_all()
+    assert [(e.session_id, e.seq) for _, e in live] == [("b", 1), ("a", 1), ("b", 2)]
+    async with JsonlLog(tmp_path) as log:
+        assert await log.read_all() == live
+        assert await log.sessions() == ["b", "a"]
+
+
+@pytest.mark.anyio
+async def test_without_an_order_file_events_are_ranked_by_time_and_the_order_is_rewritten(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "b.jsonl").write_bytes(encode_jsonl([envelope("b", 1, at=1.0)]))
+    (tmp_path / "a.jsonl").write_bytes(
+        encode_jsonl([envelope("a", 1, at=2.0), envelope("a", 2, at=0.5)])
+    )
+    async with JsonlLog(tmp_path) as log:
+        ranked = await log.read_all()
+        # a#2's clock went back: it still follows a#1, at a#1's time.
+        assert [(e.session_id, e.seq) for _, e in ranked] == [("b", 1), ("a", 1), ("a", 2)]
+        await log.append([envelope("b", 2, at=0.1)], expected_seq=1)
+        live = await log.read_all()
+    assert (tmp_path / "order.idx").read_bytes() == b"b 1\na 2\nb 2\n"
+    async with JsonlLog(tmp_path) as log:
+        assert await log.read_all() == live
+
+
+@pytest.mark.anyio
+async def test_a_torn_order_entry_is_dropped_and_its_events_are_ranked(tmp_path: Path) -> None:
+    await write_sessions(tmp_path, {"a": 1, "b": 1})
+    (tmp_path / "order.idx").write_bytes(b"a 1\nb")
+    async with JsonlLog(tmp_path) as log:
+        assert [(e.session_id, e.seq) for _, e in await log.read_all()] == [("a", 1), ("b", 1)]
+
+
+@pytest.mark.anyio
+async def test_a_corrupt_order_entry_is_a_log_corrupt_naming_its_line(tmp_path: Path) -> None:
+    await write_sessions(tmp_path, {"a": 1})
+    (tmp_path / "order.idx").write_bytes(b"a 1\n??\na 1\n")
+    with pytest.raises(LogCorrupt, match=r"line 2: .*order\.idx: not an order entry"):
+        await JsonlLog(tmp_path).read_all()
+
+
+_counter = itertools.count()
+
+
+@settings(
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    data=st.one_of(
+        st.binary(max_size=300),
+        st.lists(
+            st.sampled_from(
+                [
+                    encode_jsonl([envelope("s1", 1)]),
+                    encode_jsonl([envelope("s1", 2)]),
+                    encode_jsonl([envelope("s2", 1)]),
+                    b"\n",
+                    b"{",
+                    b'{"session_id":"s1"}\n',
+                    b"\xff\xfe",
+                    b"[]\n",
+                ]
+            ),
+            max_size=6,
+        ).map(b"".join),
+    ),
+    order=st.one_of(st.just(b""), st.binary(max_size=40), st.just(b"s1 1\ns1 9\nzz 1\n")),
+)
+@pytest.mark.anyio
+async def test_any_bytes_in_a_log_directory_raise_only_log_errors(
+    tmp_path: Path, data: bytes, order: bytes
+) -> None:
+    directory = tmp_path / str(next(_counter))
+    directory.mkdir()
+    (directory / "s1.jsonl").write_bytes(data)
+    (directory / "order.idx").write_bytes(order)
+    try:
+        async with JsonlLog(directory) as log:
+            events = await log.read("s1")
+            assert [e.seq for e in events] == list(range(1, len(events) + 1))
+            assert [e for _, e in await log.read_all()] == events
+            await log.append([envelope("s1", len(events) + 1)], expected_seq=len(events))
+        async with JsonlLog(directory) as log:
+            assert await log.read("s1") == [*events, envelope("s1", len(events) + 1)]
+    except LogError:
+        pass

@@ -45,7 +45,11 @@ _compact = msgspec.json.Encoder()
 
 
 class SessionState(msgspec.Struct, frozen=True):
-    """Everything a session is, immutable. Advanced only by applying events."""
+    """Everything a session is, immutable. Advanced only by applying events.
+
+    `in_poll` is true between a poll's input and the model's answer: a session rebuilt
+    in that window (after a crash) makes that model call again.
+    """
 
     session_id: str
     spec: AgentSpec
@@ -55,6 +59,7 @@ class SessionState(msgspec.Struct, frozen=True):
     resume: bool = False
     seq: int = 0
     status: Status = "idle"
+    in_poll: bool = False
     polls: int = 0
     seen: frozenset[tuple[str, str]] = frozenset()
     error_counts: dict[str, int] = {}
@@ -199,6 +204,7 @@ def apply_event(state: SessionState, envelope: Envelope) -> SessionState:
             deferred=(),
             returned=(),
             status="running",
+            in_poll=True,
             polls=0,
             seen=frozenset(),
             error_counts={},
@@ -224,6 +230,7 @@ def apply_event(state: SessionState, envelope: Envelope) -> SessionState:
             returned=(),
             pending=(),
             status="halted",
+            in_poll=False,
             stop_reason=event.reason,
         )
     if isinstance(event, TerminalToolCalled):
@@ -240,6 +247,7 @@ def apply_event(state: SessionState, envelope: Envelope) -> SessionState:
             returned=(),
             pending=(),
             status="idle",
+            in_poll=False,
             stop_reason="terminal_tool",
             result=event.result,
         )
@@ -252,6 +260,7 @@ def apply_event(state: SessionState, envelope: Envelope) -> SessionState:
             returned=(),
             pending=(),
             status="cancelled",
+            in_poll=False,
             stop_reason="cancelled",
         )
     if isinstance(event, ToolReturned):
@@ -260,7 +269,7 @@ def apply_event(state: SessionState, envelope: Envelope) -> SessionState:
         result = ToolResult(event.tool_call_id, event.text, event.is_error)
         return replace(state, seq=seq, returned=(*state.returned, result))
     if isinstance(event, Failed):
-        return replace(state, seq=seq, status="failed", stop_reason="failed")
+        return replace(state, seq=seq, status="failed", in_poll=False, stop_reason="failed")
     if isinstance(event, SessionOpened) and seq != 1:
         raise ReplayError(f"session {state.session_id}: seq {seq} opens the session a second time")
     return replace(state, seq=seq)
@@ -305,6 +314,7 @@ def _apply_response(state: SessionState, event: ModelResponded, seq: int) -> Ses
         usage=state.usage + event.usage,
         episode_usage=state.episode_usage + event.usage,
         status=status,
+        in_poll=False,
         stop_reason=stop_reason,
     )
 
@@ -350,6 +360,7 @@ def _apply_results(state: SessionState, event: ToolResultsReceived, seq: int) ->
         repeats=repeats,
         last_repeat=last_repeat,
         status="running",
+        in_poll=True,
         stop_reason=None,
     )
 

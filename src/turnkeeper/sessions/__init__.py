@@ -20,6 +20,7 @@ from turnkeeper.sessions._poll import (
     check_response,
     emit,
     end_poll,
+    failure_events,
     opened_event,
     poll_turn,
 )
@@ -51,6 +52,7 @@ __all__ = [
     "check_response",
     "emit",
     "end_poll",
+    "failure_events",
     "new_session_id",
     "normalize",
     "open_session",

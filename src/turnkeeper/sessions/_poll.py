@@ -295,10 +295,17 @@ def _storable(response: object) -> object:
     return response
 
 
-def _failure(
-    state: SessionState, error: ChatError, reported: list[AnyEvent], at: float, response: object
-) -> ChatError:
-    """`error`, carrying the events the failed poll should log, numbered after `state`."""
+def failure_events(
+    state: SessionState,
+    error: ChatError,
+    reported: Iterable[AnyEvent] = (),
+    *,
+    at: float,
+    response: object = None,
+) -> tuple[Envelope, ...]:
+    """The events a failed model call logs (what the backend reported, then
+    `local.chat_error`), numbered after `state`. The state they lead to differs from
+    `state` only in its seq."""
     log = _Log(state)
     if state.seq == 0:
         log.push(opened_event(state), at)
@@ -313,8 +320,7 @@ def _failure(
         ),
         at,
     )
-    error.events = tuple(log.events)
-    return error
+    return tuple(log.events)
 
 
 async def poll_turn(
@@ -329,17 +335,26 @@ async def poll_turn(
 
     Returns the poll's events and the new state. When the model call fails, raises
     ChatError with `events` to log; the given state stays valid (retry the poll).
+    A state rebuilt in the middle of a poll (`in_poll`) is finished by `Resume()`:
+    the model call is made again, without applying any input.
     """
-    events, begun, request = begin_poll(state, input, now=clock(), guard=guard)
+    events: list[Envelope] = []
+    request: dict[str, Any] | None
+    if state.in_poll and isinstance(input, Resume) and not input.results:
+        begun, request = state, build_request(state)
+    else:
+        events, begun, request = begin_poll(state, input, now=clock(), guard=guard)
     if request is None:
         return tuple(events), begun
     with collecting_events() as reported:
         try:
             response = await chat(request)
         except ChatError as error:
-            raise _failure(state, error, reported, clock(), None)  # noqa: B904
+            error.events = failure_events(state, error, reported, at=clock())
+            raise
     try:
         more, ended = end_poll(begun, response, now=clock(), guard=guard, reported=reported)
     except ChatError as error:
-        raise _failure(state, error, reported, clock(), response) from None
+        error.events = failure_events(state, error, reported, at=clock(), response=response)
+        raise
     return (*events, *more), ended

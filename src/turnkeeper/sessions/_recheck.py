@@ -13,6 +13,7 @@ import msgspec
 
 from turnkeeper.events import (
     AnyEvent,
+    ChatFailed,
     ChatRetried,
     DirectiveInjected,
     Envelope,
@@ -113,7 +114,7 @@ def recheck(
         state = begun
         if request is None:
             continue
-        while index < len(events) and isinstance(events[index].event, ChatRetried):
+        while index < len(events) and isinstance(events[index].event, ChatRetried | ChatFailed):
             state = apply_event(state, events[index])
             index += 1
         response = events[index] if index < len(events) else None

@@ -1,0 +1,234 @@
+"""OpenAIChat: a chat backend for any OpenAI-compatible server (Ollama, vLLM, llama.cpp, OpenAI)."""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import anyio.lowlevel
+import httpx
+import msgspec
+
+from turnkeeper.events import ChatError, InputError
+from turnkeeper.providers._chat import error_for_status, parse_retry_after
+
+_KEY_VARIABLES = ("TURNKEEPER_API_KEY", "OPENAI_API_KEY")
+_DETAIL_CHARS = 300  # of a server's error message quoted in a ChatError
+_REDACTED = "[redacted]"
+# What HTTP allows in a header value (printable ASCII, spaces and tabs), checked up front
+# because an HTTP library quotes a bad value, the key with it, in its error.
+_HEADER_VALUE = re.compile(r"[\x20-\x7e\t]*")
+_KEY = re.compile(r"[\x21-\x7e]+")
+# The pool is shared by every session, so it keeps as many idle connections as it may open.
+_LIMITS = httpx.Limits(max_connections=100, max_keepalive_connections=100)
+
+_shared: tuple[anyio.lowlevel.EventLoopToken, httpx.AsyncClient] | None = None
+
+
+class OpenAIChat:
+    """A chat backend that POSTs each request to `{base_url}/chat/completions`.
+
+    `base_url` is the API root, e.g. `http://127.0.0.1:8080/v1`. `model`, when given,
+    replaces the request's model. The API key is `api_key`, else the environment's
+    `TURNKEEPER_API_KEY`, else `OPENAI_API_KEY`; without one no Authorization header is
+    sent. The key never appears in a message, repr or event. `timeout` (seconds) applies
+    to each of connecting, sending, waiting for a pooled connection and reading.
+    `headers` are sent with every request.
+
+    Every OpenAIChat of a process shares one pooled `httpx.AsyncClient` (one per event
+    loop; close it with `aclose_shared_client()`) unless `client` is given, which the
+    caller then owns. The response JSON is returned verbatim. Failures raise ChatError:
+    transient for HTTP 408, 429 (with `retry_after` from Retry-After) and 5xx and for
+    timeouts and lost connections; permanent for other statuses and for a response
+    that is not JSON or has no `choices[0].message`.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str | None = None,
+        *,
+        api_key: str | None = None,
+        timeout: float = 120.0,
+        client: httpx.AsyncClient | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        self._url = _endpoint(base_url)
+        self._shown_url = str(self._url.copy_with(username=None, password=None, query=None))
+        if model is not None and (not isinstance(model, str) or not model):
+            raise InputError(f"OpenAIChat: model must be a non-empty string or None, got {model!r}")
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+            raise InputError(f"OpenAIChat: timeout must be a number of seconds, got {timeout!r}")
+        if not (math.isfinite(timeout) and timeout > 0):
+            raise InputError(f"OpenAIChat: timeout must be finite and > 0, got {timeout!r}")
+        if client is not None and not isinstance(client, httpx.AsyncClient):
+            raise InputError(f"OpenAIChat: client must be an httpx.AsyncClient, got {client!r}")
+        self._model = model
+        self._timeout = float(timeout)
+        self._client = client
+        self._key = _find_key(api_key)
+        self._headers = _request_headers(headers, self._key)
+
+    def __repr__(self) -> str:
+        return f"OpenAIChat({self._shown_url!r}, model={self._model!r})"
+
+    async def __call__(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Send one chat-completions request and return the server's response JSON."""
+        body = self._encode(request)
+        client = self._client if self._client is not None else _shared_client()
+        try:
+            response = await client.post(
+                self._url, content=body, headers=self._headers, timeout=self._timeout
+            )
+        except httpx.TimeoutException as error:
+            raise self._error(
+                f"timed out after {self._timeout:g} s ({type(error).__name__})", transient=True
+            ) from error
+        except (httpx.LocalProtocolError, httpx.UnsupportedProtocol) as error:
+            raise self._error(f"request failed: {error}", transient=False) from error
+        except httpx.TransportError as error:
+            reason = str(error) or type(error).__name__
+            raise self._error(f"connection failed: {reason}", transient=True) from error
+        except httpx.RequestError as error:
+            raise self._error(f"request failed: {error}", transient=False) from error
+        if not response.is_success:
+            raise self._status_error(response)
+        return self._decode(response.content)
+
+    def _encode(self, request: dict[str, Any]) -> bytes:
+        if not isinstance(request, Mapping):
+            raise InputError(f"OpenAIChat: a request must be a dict, got {type(request).__name__}")
+        body = dict(request)
+        if self._model is not None:
+            body["model"] = self._model
+        if not body.get("tools"):
+            body.pop("tools", None)
+        try:
+            return msgspec.json.encode(body)
+        except (TypeError, ValueError, OverflowError) as error:
+            raise InputError(f"OpenAIChat: the request cannot be sent as JSON: {error}") from None
+
+    def _decode(self, content: bytes) -> dict[str, Any]:
+        try:
+            response = msgspec.json.decode(content)
+        except msgspec.DecodeError as error:
+            raise self._malformed(f"not JSON ({error}): {_shorten(content)}") from None
+        if not isinstance(response, dict):
+            raise self._malformed(f"expected a JSON object, got {type(response).__name__}")
+        choices = response.get("choices")
+        if not isinstance(choices, list) or not choices:
+            said = _error_message(response)
+            raise self._malformed("no choices" + (f" (the server said: {said})" if said else ""))
+        first = choices[0]
+        if not isinstance(first, dict) or not isinstance(first.get("message"), dict):
+            raise self._malformed("choices[0] has no message object")
+        return response
+
+    def _status_error(self, response: httpx.Response) -> ChatError:
+        detail = f"{self._redact(_error_detail(response)) or 'empty body'} (POST {self._shown_url})"
+        retry_after = parse_retry_after(response.headers.get("retry-after"), now=time.time())
+        return error_for_status(response.status_code, detail, retry_after=retry_after)
+
+    def _malformed(self, what: str) -> ChatError:
+        return self._error(f"malformed response: {what}", transient=False)
+
+    def _error(self, message: str, *, transient: bool) -> ChatError:
+        return ChatError(f"{self._redact(message)} (POST {self._shown_url})", transient=transient)
+
+    def _redact(self, text: str) -> str:
+        return text.replace(self._key, _REDACTED) if self._key else text
+
+
+async def aclose_shared_client() -> None:
+    """Close the pooled client every OpenAIChat without its own `client` uses.
+
+    Call it before the event loop ends; the next request opens a new one.
+    """
+    global _shared
+    if _shared is not None:
+        _, client = _shared
+        _shared = None
+        await client.aclose()
+
+
+def _shared_client() -> httpx.AsyncClient:
+    """The process's pooled client for the running event loop, created on first use."""
+    global _shared
+    loop = anyio.lowlevel.current_token()
+    if _shared is None or _shared[0] != loop:
+        # A client's connections belong to the loop that opened them; one from a finished
+        # loop cannot be used (or closed) from this one.
+        _shared = (loop, httpx.AsyncClient(limits=_LIMITS))
+    return _shared[1]
+
+
+def _endpoint(base_url: str) -> httpx.URL:
+    if not isinstance(base_url, str):
+        raise InputError(f"OpenAIChat: base_url must be a string, got {type(base_url).__name__}")
+    try:
+        url = httpx.URL(base_url.rstrip("/") + "/chat/completions")
+    except httpx.InvalidURL as error:
+        raise InputError(f"OpenAIChat: base_url is not a URL: {error}") from None
+    if url.scheme not in ("http", "https") or not url.host:
+        raise InputError(
+            "OpenAIChat: base_url must be an http:// or https:// URL with a host, "
+            "like http://127.0.0.1:8080/v1"
+        )
+    return url
+
+
+def _find_key(api_key: str | None) -> str | None:
+    if api_key is None:
+        api_key = next((os.environ[name] for name in _KEY_VARIABLES if os.environ.get(name)), None)
+        source = "the API key from the environment"
+    else:
+        source = "api_key"
+    if api_key is None:
+        return None
+    if not isinstance(api_key, str) or not _KEY.fullmatch(api_key):
+        # The key itself is not quoted, so a bad one cannot leak through this message.
+        raise InputError(f"OpenAIChat: {source} must be non-empty printable ASCII without spaces")
+    return api_key
+
+
+def _request_headers(extra: Mapping[str, str] | None, key: str | None) -> dict[str, str]:
+    headers = {"content-type": "application/json"}
+    for name, value in (extra or {}).items():
+        if not isinstance(name, str) or not isinstance(value, str):
+            raise InputError(f"OpenAIChat: headers must map strings to strings, got {name!r}")
+        if not _HEADER_VALUE.fullmatch(value):
+            raise InputError(f"OpenAIChat: header {name!r} has characters HTTP does not allow")
+        headers[name.lower()] = value
+    if key is not None:
+        headers["authorization"] = f"Bearer {key}"
+    return headers
+
+
+def _error_detail(response: httpx.Response) -> str:
+    """The server's error message: `error.message` from a JSON body, else the body's text."""
+    try:
+        message = _error_message(msgspec.json.decode(response.content))
+    except msgspec.DecodeError:
+        message = None
+    return _shorten(response.content) if message is None else _truncate(message)
+
+
+def _error_message(body: object) -> str | None:
+    if not isinstance(body, dict):
+        return None
+    error = body.get("error", body.get("detail", body.get("message")))
+    if isinstance(error, dict):
+        error = error.get("message")
+    return error if isinstance(error, str) and error else None
+
+
+def _shorten(content: bytes) -> str:
+    return _truncate(content[: 4 * _DETAIL_CHARS].decode("utf-8", "replace").strip())
+
+
+def _truncate(text: str) -> str:
+    return text if len(text) <= _DETAIL_CHARS else text[:_DETAIL_CHARS] + "..."

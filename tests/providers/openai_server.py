@@ -1,0 +1,199 @@
+"""A scripted OpenAI-compatible HTTP/1.1 server on 127.0.0.1, for testing chat backends.
+
+It runs in the test's own event loop (asyncio or trio, through anyio) and speaks HTTP with
+h11. Each request to it takes the next behaviour from its script (a reply, a stall, a
+hang-up, a gated reply); with the script empty it answers with `completion()`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import anyio
+import anyio.abc
+import h11
+
+
+def completion(content: str | None = "Hello!", **extra: Any) -> dict[str, Any]:
+    """An OpenAI chat-completions response body with one assistant message."""
+    return {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "model": "test-model",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": content},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7},
+        **extra,
+    }
+
+
+@dataclass(frozen=True)
+class Received:
+    """A request as the server read it off the wire."""
+
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: Any
+
+
+class Behaviour(Protocol):
+    async def respond(self, connection: h11.Connection, stream: anyio.abc.ByteStream) -> bool:
+        """Answer one request; return whether the connection stays open."""
+        ...
+
+
+@dataclass(frozen=True)
+class Reply:
+    """Answer with `status` and `body` (a dict is sent as JSON, bytes and str as they are)."""
+
+    status: int = 200
+    body: dict[str, Any] | bytes | str = field(default_factory=completion)
+    headers: tuple[tuple[str, str], ...] = ()
+
+    async def respond(self, connection: h11.Connection, stream: anyio.abc.ByteStream) -> bool:
+        if isinstance(self.body, dict):
+            payload = json.dumps(self.body).encode()
+        elif isinstance(self.body, str):
+            payload = self.body.encode()
+        else:
+            payload = self.body
+        headers = [
+            ("content-type", "application/json"),
+            ("content-length", str(len(payload))),
+            *self.headers,
+        ]
+        await stream.send(connection.send(h11.Response(status_code=self.status, headers=headers)))
+        await stream.send(connection.send(h11.Data(data=payload)))
+        await stream.send(connection.send(h11.EndOfMessage()))
+        return True
+
+
+@dataclass(frozen=True)
+class Stall:
+    """Never answer (until the server stops): the client's read timeout fires."""
+
+    async def respond(self, connection: h11.Connection, stream: anyio.abc.ByteStream) -> bool:
+        await anyio.sleep_forever()
+        return False
+
+
+@dataclass(frozen=True)
+class HangUp:
+    """Close the connection: at once, or after the headers and `partial` of a longer body."""
+
+    partial: bytes | None = None
+
+    async def respond(self, connection: h11.Connection, stream: anyio.abc.ByteStream) -> bool:
+        if self.partial is not None:
+            headers = [("content-length", str(len(self.partial) + 100))]
+            await stream.send(connection.send(h11.Response(status_code=200, headers=headers)))
+            await stream.send(connection.send(h11.Data(data=self.partial)))
+        return False
+
+
+class Gate:
+    """Hold every request given this gate until `count` of them have arrived, then reply."""
+
+    def __init__(self, count: int, reply: Reply | None = None) -> None:
+        self.count = count
+        self.reply = reply or Reply()
+        self.arrived = 0
+        self._open: anyio.Event | None = None
+
+    async def respond(self, connection: h11.Connection, stream: anyio.abc.ByteStream) -> bool:
+        if self._open is None:
+            self._open = anyio.Event()
+        self.arrived += 1
+        if self.arrived >= self.count:
+            self._open.set()
+        await self._open.wait()
+        return await self.reply.respond(connection, stream)
+
+
+class ChatServer:
+    """The running server: its address, its script, and what it received."""
+
+    def __init__(self, port: int, script: list[Behaviour]) -> None:
+        self.port = port
+        self.script = script
+        self.received: list[Received] = []
+        self.connections = 0
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def push(self, *behaviours: Behaviour) -> None:
+        self.script.extend(behaviours)
+
+    async def handle(self, stream: anyio.abc.ByteStream) -> None:
+        self.connections += 1
+        connection = h11.Connection(h11.SERVER)
+        async with stream:
+            try:
+                while (received := await _read_request(connection, stream)) is not None:
+                    self.received.append(received)
+                    behaviour = self.script.pop(0) if self.script else Reply()
+                    if not await behaviour.respond(connection, stream):
+                        return
+                    if connection.our_state is h11.MUST_CLOSE:
+                        return
+                    connection.start_next_cycle()
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                return
+
+
+async def _read_request(
+    connection: h11.Connection, stream: anyio.abc.ByteStream
+) -> Received | None:
+    """The next request on the connection, or None when the client closed it."""
+    request: h11.Request | None = None
+    body = bytearray()
+    while True:
+        try:
+            event = connection.next_event()
+        except h11.RemoteProtocolError:
+            return None
+        if event is h11.NEED_DATA:
+            try:
+                data = await stream.receive()
+            except (anyio.EndOfStream, anyio.BrokenResourceError):
+                data = b""
+            connection.receive_data(data)
+        elif isinstance(event, h11.Request):
+            request = event
+        elif isinstance(event, h11.Data):
+            body += event.data
+        elif isinstance(event, h11.EndOfMessage) and request is not None:
+            return Received(
+                method=request.method.decode(),
+                path=request.target.decode(),
+                headers={name.decode(): value.decode() for name, value in request.headers},
+                body=json.loads(body) if body else None,
+            )
+        elif isinstance(event, h11.ConnectionClosed):
+            return None
+
+
+@asynccontextmanager
+async def serve_chat(*script: Behaviour) -> AsyncIterator[ChatServer]:
+    """Run a ChatServer on a free port of 127.0.0.1 for the duration of the block."""
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    server = ChatServer(port, list(script))
+    async with listener, anyio.create_task_group() as tasks:
+        tasks.start_soon(listener.serve, server.handle)
+        try:
+            yield server
+        finally:
+            tasks.cancel_scope.cancel()

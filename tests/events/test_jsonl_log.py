@@ -5,13 +5,14 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
+import anyio
 import pytest
 import structlog
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.events.test_logs import envelope, run
-from turnkeeper.events import LogCorrupt, LogError, SeqError, decode_jsonl, encode_jsonl
+from turnkeeper.events import Envelope, LogCorrupt, LogError, SeqError, decode_jsonl, encode_jsonl
 from turnkeeper.events._jsonl_log import JsonlLog
 
 
@@ -197,6 +198,25 @@ async def test_a_corrupt_order_entry_is_a_log_corrupt_naming_its_line(tmp_path: 
     (tmp_path / "order.idx").write_bytes(b"a 1\n??\na 1\n")
     with pytest.raises(LogCorrupt, match=r"line 2: .*order\.idx: not an order entry"):
         await JsonlLog(tmp_path).read_all()
+
+
+@pytest.mark.anyio
+async def test_close_waits_for_an_append_queued_behind_its_session(tmp_path: Path) -> None:
+    log = JsonlLog(tmp_path)
+
+    async def append(
+        events: list[Envelope], expected_seq: int, *, task_status: anyio.abc.TaskStatus[None]
+    ) -> None:
+        task_status.started()
+        await log.append(events, expected_seq=expected_seq)
+
+    await log.sessions()
+    async with anyio.create_task_group() as group:
+        await group.start(append, run("s1", 1, 2), 0)
+        await group.start(append, run("s1", 3, 1), 2)
+        await log.close()
+    async with JsonlLog(tmp_path) as reopened:
+        assert await reopened.read("s1") == run("s1", 1, 3)
 
 
 _counter = itertools.count()

@@ -394,6 +394,18 @@ async def test_close_waits_for_appends_in_flight(make_file_log: LogFactory) -> N
             assert await reopened.last_seq(session_id) == 2
 
 
+@pytest.mark.anyio
+async def test_leaving_async_with_under_cancellation_still_closes(make_log: LogFactory) -> None:
+    with anyio.CancelScope() as scope:
+        async with make_log() as log:
+            await log.append(run("s1", 1, 2), expected_seq=0)
+            scope.cancel()
+            await anyio.sleep_forever()
+    assert scope.cancelled_caught
+    with pytest.raises(LogError, match="is closed"):
+        await log.read("s1")
+
+
 _counter = itertools.count()
 
 operations = st.lists(

@@ -78,6 +78,8 @@ class JsonlLog(EventLog):
         self._store = EventStore()
         self._tails: dict[str, _Tail] = {}
         self._busy: dict[str, anyio.Event] = {}
+        self._in_flight = 0
+        self._idle: anyio.Event | None = None
         self._order_fd: int | None = None
         self._order_stale = False
 
@@ -102,8 +104,9 @@ class JsonlLog(EventLog):
         self._order_stale = not (exact and directory.order_clean)
 
     async def _close(self) -> None:
-        while self._busy:
-            await next(iter(self._busy.values())).wait()
+        while self._in_flight:
+            self._idle = anyio.Event()
+            await self._idle.wait()
         if self._order_fd is not None:
             os.close(self._order_fd)
             self._order_fd = None
@@ -115,6 +118,17 @@ class JsonlLog(EventLog):
                 f"session id {session_id!r} cannot name a log file: use at most 200 letters, "
                 "digits, '.', '_' or '-', starting with a letter or digit"
             )
+        self._in_flight += 1
+        try:
+            await self._append_in_turn(batch)
+        finally:
+            self._in_flight -= 1
+            if not self._in_flight and self._idle is not None:
+                self._idle.set()
+
+    async def _append_in_turn(self, batch: Batch) -> None:
+        """Append once no other append of the session is in progress."""
+        session_id = batch.session_id
         while (busy := self._busy.get(session_id)) is not None:
             await busy.wait()
         actual = self._store.last_seq(session_id)

@@ -167,11 +167,12 @@ class EventLog(ABC):
 
     async def close(self) -> None:
         """Stop taking work, finish appends in flight and release the storage."""
-        async with self._open_lock:
-            was_open = self._state == "open"
-            self._state = "closed"
-        if was_open:
-            with anyio.CancelScope(shield=True):
+        # Shielded: closing is what an `async with` does on its way out of a cancellation.
+        with anyio.CancelScope(shield=True):
+            async with self._open_lock:
+                was_open = self._state == "open"
+                self._state = "closed"
+            if was_open:
                 await self._close()
 
     async def _ready(self) -> None:

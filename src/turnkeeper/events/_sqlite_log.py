@@ -121,15 +121,17 @@ class SqliteLog(EventLog):
 
     async def _commit_round(self) -> None:
         """Commit every queued append in one transaction and settle each one's outcome."""
-        taken, self._queue = self._queue, []
         self._committing = True
         round_done = self._round_done = anyio.Event()
-        outcomes: list[LogError | None] = [
-            LogError(f"{self.path}: append failed unexpectedly") for _ in taken
-        ]
+        taken: list[_Pending] = []
+        outcomes: list[LogError | None] = []
         try:
             # Whoever leads the round finishes it, even if cancelled: the others wait on it.
             with anyio.CancelScope(shield=True):
+                # Appenders that are ready to run (woken by the last round, say) join this one.
+                await anyio.lowlevel.checkpoint()
+                taken, self._queue = self._queue, []
+                outcomes = [LogError(f"{self.path}: append failed unexpectedly") for _ in taken]
                 outcomes = await anyio.to_thread.run_sync(
                     self._commit, [pending.batch for pending in taken], limiter=self._write_limiter
                 )

@@ -335,7 +335,7 @@ FRAGMENTS = [
 ]
 
 
-@settings(max_examples=400)
+@settings(max_examples=400, deadline=None)
 @given(st.text())
 def test_any_text_parses_without_raising(text: str) -> None:
     parsed = parse_tool_calls(text)
@@ -343,7 +343,7 @@ def test_any_text_parses_without_raising(text: str) -> None:
     assert all(isinstance(found.arguments, dict) and found.name for found in parsed.calls)
 
 
-@settings(max_examples=600)
+@settings(max_examples=600, deadline=None)
 @given(st.lists(st.sampled_from(FRAGMENTS) | st.text(max_size=4), max_size=30).map("".join))
 def test_any_mix_of_call_syntax_parses_without_raising(text: str) -> None:
     parsed = parse_tool_calls(text)
@@ -441,7 +441,7 @@ RENDERERS: list[Callable[[list[ParsedCall]], str]] = [
 
 
 @pytest.mark.parametrize("render", RENDERERS, ids=lambda render: render.__name__)
-@settings(max_examples=100)
+@settings(max_examples=100, deadline=None)
 @given(calls=CALLS)
 def test_round_trip(render: Callable[[list[ParsedCall]], str], calls: list[ParsedCall]) -> None:
     assert parse_tool_calls(render(calls)) == ParsedReply(
@@ -454,7 +454,7 @@ def test_round_trip(render: Callable[[list[ParsedCall]], str], calls: list[Parse
     [render_bare_json, render_tool_call_tags, render_fenced_json, render_pythonic],
     ids=lambda render: render.__name__,
 )
-@settings(max_examples=50)
+@settings(max_examples=50, deadline=None)
 @given(calls=CALLS)
 def test_round_trip_inside_prose(
     render: Callable[[list[ParsedCall]], str], calls: list[ParsedCall]

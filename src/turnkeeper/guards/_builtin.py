@@ -139,9 +139,8 @@ def terminal_tool(view: GuardView) -> Verdict:
         )
         return Verdict(directives=(Directive("terminal", text),))
     said = f" Its last reply: {gist(reply.text)}" if reply.text else ""
-    message = (
-        f"The model stopped without calling `{terminal}` after {state.reprompts} reminders." + said
-    )
+    lead = f"The model stopped without calling `{terminal}` after {state.reprompts} reminders."
+    message = with_last_result(state, lead + said)
     return Verdict(halt=Halt("terminal", "no_terminal_tool", message))
 
 

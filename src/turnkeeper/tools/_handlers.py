@@ -10,7 +10,7 @@ import anyio
 import msgspec
 
 from turnkeeper._jsonschema import validate
-from turnkeeper.events import AgentSpec, ToolResult, ToolUse
+from turnkeeper.events import AgentSpec, InputError, ToolResult, ToolUse
 
 
 class ToolContext(msgspec.Struct, frozen=True):
@@ -37,6 +37,11 @@ def as_handler(tools: Tools) -> ToolHandler:
     """One handler for `tools`, given as a single handler or a mapping of name to function."""
     if isinstance(tools, Mapping):
         functions = dict(tools)
+        for name, function in functions.items():
+            if not callable(function):
+                raise InputError(
+                    f"tools[{name!r}]: expected an async function, got {function!r:.80}"
+                )
 
         async def by_name(name: str, args: dict[str, Any], ctx: ToolContext) -> Any:
             function = functions.get(name)
@@ -47,7 +52,7 @@ def as_handler(tools: Tools) -> ToolHandler:
 
         return by_name
     if not callable(tools):
-        raise TypeError(
+        raise InputError(
             f"tools: expected a handler or a mapping of tool functions, got {tools!r:.80}"
         )
     return tools
@@ -97,7 +102,8 @@ async def run_tool(
         return ToolResult(use.id, f"{use.name} timed out after {timeout:g} s", is_error=True)
     try:
         return ToolResult(use.id, as_text(value))
-    except (TypeError, msgspec.EncodeError) as exc:
+    # Any value a handler returns may fail to encode: a foreign type, a lone surrogate, a cycle.
+    except (TypeError, ValueError, RecursionError, msgspec.EncodeError) as exc:
         return ToolResult(
             use.id, f"{use.name} returned {type(value).__name__}, not text: {exc}", is_error=True
         )

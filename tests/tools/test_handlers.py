@@ -1,0 +1,322 @@
+"""In-process tool handlers: handler shapes, argument checks, and errors as results."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import anyio
+import pytest
+
+from turnkeeper.events import AgentSpec, InputError, ToolResult, ToolSpec, ToolUse
+from turnkeeper.tools._handlers import ToolContext, as_handler, as_text, check_call, run_tool
+
+WEATHER = ToolSpec(
+    "weather",
+    "The weather in a city",
+    {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1}},
+        "required": ["city"],
+    },
+)
+SPEC = AgentSpec(tools=(WEATHER, ToolSpec("clock")))
+CTX = ToolContext("local_0123456789abcdef", "call_1", "weather")
+
+
+def use(name: str = "weather", args: dict[str, Any] | None = None, **kw: Any) -> ToolUse:
+    return ToolUse("call_1", name, {"city": "Oslo"} if args is None else args, **kw)
+
+
+# as_handler
+
+
+async def weather(city: str, days: int = 1) -> str:
+    return f"{city}: sunny for {days} day(s)"
+
+
+@pytest.mark.anyio
+async def test_mapping_calls_the_named_function_with_keyword_arguments() -> None:
+    async def clock() -> str:
+        return "noon"
+
+    handler = as_handler({"weather": weather, "clock": clock})
+    assert await handler("weather", {"city": "Oslo", "days": 3}, CTX) == "Oslo: sunny for 3 day(s)"
+    assert await handler("clock", {}, CTX) == "noon"
+
+
+@pytest.mark.anyio
+async def test_mapping_refuses_an_unknown_tool_naming_the_handled_ones() -> None:
+    handler = as_handler({"weather": weather, "clock": weather})
+    with pytest.raises(
+        LookupError, match=r"no handler for tool 'radar' \(handled: clock, weather\)"
+    ):
+        await handler("radar", {}, CTX)
+    with pytest.raises(LookupError, match=r"handled: none"):
+        await as_handler({})("radar", {}, CTX)
+
+
+@pytest.mark.anyio
+async def test_mapping_is_copied_so_later_changes_do_not_leak_in() -> None:
+    functions = {"weather": weather}
+    handler = as_handler(functions)
+    del functions["weather"]
+    assert await handler("weather", {"city": "Rome"}, CTX) == "Rome: sunny for 1 day(s)"
+
+
+@pytest.mark.anyio
+async def test_single_handler_is_used_as_given() -> None:
+    calls: list[tuple[str, dict[str, Any], ToolContext]] = []
+
+    async def handler(name: str, args: dict[str, Any], ctx: ToolContext) -> str:
+        calls.append((name, args, ctx))
+        return "ok"
+
+    assert as_handler(handler) is handler
+    assert await as_handler(handler)("weather", {"city": "Oslo"}, CTX) == "ok"
+    assert calls == [("weather", {"city": "Oslo"}, CTX)]
+
+
+@pytest.mark.parametrize("tools", [42, "weather", None])
+def test_non_callable_tools_are_rejected_clearly(tools: Any) -> None:
+    with pytest.raises(InputError, match=r"tools: expected a handler or a mapping"):
+        as_handler(tools)
+
+
+def test_non_callable_tool_function_is_rejected_by_name() -> None:
+    with pytest.raises(
+        InputError, match=r"tools\['clock'\]: expected an async function, got 'noon'"
+    ):
+        as_handler({"weather": weather, "clock": "noon"})  # type: ignore[dict-item]
+
+
+# check_call
+
+
+def test_a_good_call_may_run() -> None:
+    assert check_call(SPEC, use()) is None
+    assert check_call(SPEC, use(args={"city": "Oslo", "days": 2})) is None
+    assert check_call(SPEC, use("clock", {})) is None
+
+
+def test_malformed_arguments_say_why_and_how_to_fix() -> None:
+    bad = use(args={}, error="arguments are not valid JSON (truncated): '{\"city'")
+    refusal = check_call(SPEC, bad)
+    assert refusal is not None
+    assert refusal.startswith("arguments are not valid JSON (truncated)")
+    assert "Call weather again with a JSON object" in refusal
+
+
+def test_malformed_arguments_are_refused_even_without_tools_in_the_spec() -> None:
+    assert check_call(AgentSpec(), use(args={}, error="not JSON")) is not None
+
+
+def test_unknown_tool_lists_the_tools() -> None:
+    refusal = check_call(SPEC, use("radar", {}))
+    assert refusal == "unknown tool 'radar'. The tools are: weather, clock."
+
+
+@pytest.mark.parametrize(
+    ("args", "path"),
+    [
+        ({"city": 7}, "$.city"),
+        ({"city": "Oslo", "days": 0}, "$.days"),
+        ({}, "city"),
+    ],
+)
+def test_schema_invalid_arguments_name_the_path(args: dict[str, Any], path: str) -> None:
+    refusal = check_call(SPEC, use(args=args))
+    assert refusal is not None
+    assert refusal.startswith("invalid arguments for weather: ")
+    assert path in refusal
+    assert refusal.endswith("Fix them and try again.")
+
+
+def test_every_schema_problem_is_listed() -> None:
+    refusal = check_call(SPEC, use(args={"city": 7, "days": "two"}))
+    assert refusal is not None
+    assert "$.city" in refusal
+    assert "$.days" in refusal
+    assert "; " in refusal
+
+
+def test_a_spec_without_tools_allows_any_call() -> None:
+    assert check_call(AgentSpec(), use("anything", {"x": [1, 2]})) is None
+
+
+# as_text
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [
+        ("plain", "plain"),
+        ("", ""),
+        ({"b": 1, "a": [True, None]}, '{"b":1,"a":[true,null]}'),
+        ([1, 2.5], "[1,2.5]"),
+        (3, "3"),
+        (None, "null"),
+    ],
+)
+def test_as_text(value: Any, text: str) -> None:
+    assert as_text(value) == text
+
+
+def test_as_text_refuses_what_json_cannot_hold() -> None:
+    with pytest.raises(TypeError):
+        as_text(object())
+
+
+# run_tool
+
+
+async def run_one(handler: Any, call: ToolUse | None = None, **kw: Any) -> ToolResult:
+    return await run_tool(handler, call or use(), CTX, **kw)
+
+
+@pytest.mark.anyio
+async def test_text_result() -> None:
+    result = await run_one(as_handler({"weather": weather}))
+    assert result == ToolResult("call_1", "Oslo: sunny for 1 day(s)", is_error=False)
+
+
+@pytest.mark.anyio
+async def test_handler_gets_name_arguments_and_context() -> None:
+    seen: list[tuple[str, dict[str, Any], ToolContext]] = []
+
+    async def handler(name: str, args: dict[str, Any], ctx: ToolContext) -> str:
+        seen.append((name, args, ctx))
+        return "ok"
+
+    await run_one(handler, use(args={"city": "Lima"}))
+    assert seen == [("weather", {"city": "Lima"}, CTX)]
+
+
+@pytest.mark.anyio
+async def test_json_encodable_result_is_sent_as_json() -> None:
+    async def handler(name: str, args: dict[str, Any], ctx: ToolContext) -> Any:
+        return {"city": args["city"], "temps": [3, 4.5], "rain": None}
+
+    result = await run_one(handler)
+    assert not result.is_error
+    assert json.loads(result.text) == {"city": "Oslo", "temps": [3, 4.5], "rain": None}
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    "value",
+    [object(), {"when": object()}, {"text": "\ud800"}],
+    ids=["object", "nested-object", "lone-surrogate"],
+)
+async def test_unencodable_result_becomes_an_error_result(value: Any) -> None:
+    async def handler(name: str, args: dict[str, Any], ctx: ToolContext) -> Any:
+        return value
+
+    result = await run_one(handler)
+    assert result.is_error
+    assert result.tool_use_id == "call_1"
+    assert result.text.startswith(f"weather returned {type(value).__name__}, not text: ")
+
+
+@pytest.mark.anyio
+async def test_self_containing_result_becomes_an_error_result() -> None:
+    loop: dict[str, Any] = {}
+    loop["self"] = loop
+
+    async def handler(name: str, args: dict[str, Any], ctx: ToolContext) -> Any:
+        return loop
+
+    result = await run_one(handler)
+    assert result.is_error
+    assert "not text" in result.text
+
+
+@pytest.mark.anyio
+async def test_raising_handler_becomes_an_error_result_with_type_and_message() -> None:
+    async def handler(name: str, args: dict[str, Any], ctx: ToolContext) -> str:
+        raise KeyError("no station in Oslo")
+
+    result = await run_one(handler)
+    assert result == ToolResult("call_1", "KeyError: 'no station in Oslo'", is_error=True)
+
+
+@pytest.mark.anyio
+async def test_mapping_errors_become_error_results() -> None:
+    handler = as_handler({"weather": weather})
+    unknown = await run_one(handler, use("radar", {}))
+    assert unknown.is_error
+    assert unknown.text.startswith("LookupError: no handler for tool 'radar'")
+    wrong = await run_one(handler, use(args={"town": "Oslo"}))
+    assert wrong.is_error
+    assert wrong.text.startswith("TypeError: ")
+    assert "town" in wrong.text
+
+
+@pytest.mark.anyio
+async def test_slow_handler_times_out_as_an_error_result() -> None:
+    async def handler(name: str, args: dict[str, Any], ctx: ToolContext) -> str:
+        await anyio.sleep_forever()
+        return "never"
+
+    result = await run_one(handler, timeout=0.01)
+    assert result == ToolResult("call_1", "weather timed out after 0.01 s", is_error=True)
+
+
+@pytest.mark.anyio
+async def test_a_timeout_does_not_touch_a_handler_that_finishes() -> None:
+    result = await run_one(as_handler({"weather": weather}), timeout=60)
+    assert result == ToolResult("call_1", "Oslo: sunny for 1 day(s)")
+
+
+@pytest.mark.anyio
+async def test_sync_handler_returning_a_value_works() -> None:
+    def handler(name: str, args: dict[str, Any], ctx: ToolContext) -> Any:
+        return {"city": args["city"]}
+
+    result = await run_one(handler)
+    assert result == ToolResult("call_1", '{"city":"Oslo"}')
+
+
+@pytest.mark.anyio
+async def test_sync_handler_that_raises_becomes_an_error_result() -> None:
+    def handler(name: str, args: dict[str, Any], ctx: ToolContext) -> str:
+        raise ValueError("bad city")
+
+    result = await run_one(handler)
+    assert result == ToolResult("call_1", "ValueError: bad city", is_error=True)
+
+
+@pytest.mark.anyio
+async def test_cancellation_from_outside_propagates_and_is_not_a_result() -> None:
+    started = anyio.Event()
+    outcomes: list[ToolResult] = []
+
+    async def handler(name: str, args: dict[str, Any], ctx: ToolContext) -> str:
+        started.set()
+        await anyio.sleep_forever()
+        return "never"
+
+    async def call() -> None:
+        outcomes.append(await run_one(handler, timeout=3600))
+
+    with anyio.CancelScope() as scope:
+        async with anyio.create_task_group() as group:
+            group.start_soon(call)
+            await started.wait()
+            scope.cancel()
+    assert scope.cancelled_caught
+    assert outcomes == []
+
+
+@pytest.mark.anyio
+async def test_cancellation_without_a_timeout_also_propagates() -> None:
+    outcomes: list[ToolResult] = []
+
+    async def handler(name: str, args: dict[str, Any], ctx: ToolContext) -> str:
+        await anyio.sleep_forever()
+        return "never"
+
+    with anyio.move_on_after(0.01) as scope:
+        outcomes.append(await run_one(handler))
+    assert scope.cancelled_caught
+    assert outcomes == []

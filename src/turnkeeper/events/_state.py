@@ -76,6 +76,7 @@ class SessionState(msgspec.Struct, frozen=True):
     last_repeat: str | None = None
     deferred: tuple[Message, ...] = ()
     returned: tuple[ToolResult, ...] = ()
+    halt_message: str | None = None
     stop_reason: str | None = None
     result: dict[str, Any] | None = None
 
@@ -203,6 +204,7 @@ def apply_event(state: SessionState, envelope: Envelope) -> SessionState:
             history=(*history, {"role": "user", "content": event.text}),
             deferred=(),
             returned=(),
+            halt_message=None,
             status="running",
             in_poll=True,
             polls=0,
@@ -231,6 +233,7 @@ def apply_event(state: SessionState, envelope: Envelope) -> SessionState:
             pending=(),
             status="halted",
             in_poll=False,
+            halt_message=event.message,
             stop_reason=event.reason,
         )
     if isinstance(event, TerminalToolCalled):

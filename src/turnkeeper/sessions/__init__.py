@@ -10,6 +10,14 @@ from turnkeeper.events import (
     ToolUse,
     Usage,
 )
+from turnkeeper.sessions._host import (
+    Busy,
+    Host,
+    HostStatus,
+    HostStopped,
+    SessionInfo,
+    UnknownSession,
+)
 from turnkeeper.sessions._inputs import Input, Kickoff, Resume, UserMessage
 from turnkeeper.sessions._normalize import Terminal, TurnResult, normalize
 from turnkeeper.sessions._open import new_session_id, open_session
@@ -18,6 +26,7 @@ from turnkeeper.sessions._poll import (
     begin_poll,
     build_request,
     check_response,
+    check_results,
     emit,
     end_poll,
     failure_events,
@@ -29,14 +38,19 @@ from turnkeeper.sessions._run import EventCallback, RunResult, TurnGuard, run
 
 __all__ = [
     "AgentSpec",
+    "Busy",
     "Chat",
     "ChatError",
     "Divergence",
     "EventCallback",
+    "Host",
+    "HostStatus",
+    "HostStopped",
     "Input",
     "Kickoff",
     "Resume",
     "RunResult",
+    "SessionInfo",
     "SessionState",
     "Status",
     "Terminal",
@@ -45,11 +59,13 @@ __all__ = [
     "ToolUse",
     "TurnGuard",
     "TurnResult",
+    "UnknownSession",
     "Usage",
     "UserMessage",
     "begin_poll",
     "build_request",
     "check_response",
+    "check_results",
     "emit",
     "end_poll",
     "failure_events",

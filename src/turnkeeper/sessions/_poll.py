@@ -8,7 +8,7 @@ reads the clock and awaits the chat backend.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 import msgspec
@@ -110,39 +110,44 @@ def begin_poll(
 
 def _match_results(state: SessionState, resume: Resume) -> tuple[tuple[ToolUse, ToolResult], ...]:
     """Pair each pending tool use with its result, in call order; reject anything else."""
-    pending = {use.id: use for use in state.pending}
     if resume.tool_uses:
         given = [getattr(use, "id", use) for use in resume.tool_uses]
-        if sorted(map(str, given)) != sorted(pending):
+        if sorted(map(str, given)) != sorted(use.id for use in state.pending):
             raise InputError(
-                f"Resume.tool_uses: {given} are not the pending tool calls {list(pending)}"
+                f"Resume.tool_uses: {given} are not the pending tool calls "
+                f"{[use.id for use in state.pending]}"
             )
+    by_id = check_results(state.session_id, [use.id for use in state.pending], resume.results)
+    return tuple((use, by_id[use.id]) for use in state.pending)
+
+
+def check_results(
+    session_id: str, expected: Sequence[str], results: Iterable[object]
+) -> dict[str, ToolResult]:
+    """`results` by call id, if they answer each of `expected` exactly once; otherwise
+    InputError naming the unknown, repeated and missing ids."""
     by_id: dict[str, ToolResult] = {}
-    duplicates: list[str] = []
+    repeated: list[str] = []
     unknown: list[str] = []
-    for result in resume.results:
-        if not isinstance(result, ToolResult):
-            raise InputError(f"Resume.results: expected ToolResult, got {result!r:.80}")
-        if not isinstance(result.text, str):
-            raise InputError(f"result for {result.tool_use_id}: text must be a string")
+    for result in results:
+        if not isinstance(result, ToolResult) or not isinstance(result.text, str):
+            raise InputError(f"results: expected ToolResult with text, got {result!r:.80}")
         if result.tool_use_id in by_id:
-            duplicates.append(result.tool_use_id)
-        elif result.tool_use_id not in pending:
+            repeated.append(result.tool_use_id)
+        elif result.tool_use_id not in expected:
             unknown.append(result.tool_use_id)
         by_id[result.tool_use_id] = result
-    missing = [use_id for use_id in pending if use_id not in by_id]
+    missing = [use_id for use_id in expected if use_id not in by_id]
     problems = []
     if unknown:
         problems.append(f"unknown tool call ids {unknown}")
-    if duplicates:
-        problems.append(f"more than one result for {duplicates}")
+    if repeated:
+        problems.append(f"more than one result for {repeated}")
     if missing:
         problems.append(f"no result for {missing}")
     if problems:
-        raise InputError(
-            f"session {state.session_id}: tool results rejected: {'; '.join(problems)}"
-        )
-    return tuple((use, by_id[use.id]) for use in state.pending)
+        raise InputError(f"session {session_id}: tool results rejected: {'; '.join(problems)}")
+    return by_id
 
 
 _tools_cache: dict[int, tuple[tuple[ToolSpec, ...], list[dict[str, Any]]]] = {}

@@ -1,0 +1,677 @@
+"""Host: many sessions in one process, each an actor supervised one-for-one.
+
+Every change to a session is an append to the event log before it is visible, so a
+session task that crashes is rebuilt from the log, and a new process on the same log
+resumes whatever was unfinished. Tools run at least once across crashes: a call
+whose result was not logged runs again (`ToolContext.tool_call_id` lets a handler
+with side effects dedupe).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AsyncExitStack
+from typing import Any, Literal, Self
+
+import anyio
+import anyio.abc
+import msgspec
+import structlog
+
+from turnkeeper.events import (
+    AgentSpec,
+    AnyEvent,
+    Cancelled,
+    ChatError,
+    Envelope,
+    Failed,
+    GuardConfig,
+    InputError,
+    LogError,
+    ReplayError,
+    SessionState,
+    ToolCalled,
+    ToolResult,
+    ToolReturned,
+    ToolUse,
+    TurnkeeperError,
+    Usage,
+    collecting_events,
+    replay,
+)
+from turnkeeper.events._log import EventLog
+from turnkeeper.events._memory_log import MemoryLog
+from turnkeeper.events._messages import text_of
+from turnkeeper.guards import Guard, default_guards
+from turnkeeper.sessions._inputs import Input, Kickoff, Resume, UserMessage
+from turnkeeper.sessions._open import open_session
+from turnkeeper.sessions._poll import (
+    Chat,
+    begin_poll,
+    build_request,
+    check_results,
+    emit,
+    end_poll,
+    failure_events,
+    opened_event,
+)
+from turnkeeper.tools._handlers import ToolContext, Tools, as_handler, check_call, run_tool
+
+HostStatus = Literal[
+    "running", "requires_action", "idle", "errored", "halted", "failed", "cancelled"
+]
+"""running: working (or about to). requires_action: waits for tool results from outside.
+idle: the turn ended, waits for a message. errored: the model stayed unreachable after
+retries (`retry` or a new message resumes it). halted: a guard stopped it. failed: it
+crashed too often. cancelled: cancelled from outside."""
+
+_log = structlog.wrap_logger(
+    logging.getLogger("turnkeeper.host"),
+    wrapper_class=structlog.stdlib.BoundLogger,
+    processors=[
+        structlog.processors.TimeStamper(fmt="iso"),
+        structlog.processors.JSONRenderer(),
+    ],
+)
+
+
+class Busy(TurnkeeperError):
+    """A session's mailbox is full; try again later."""
+
+
+class UnknownSession(TurnkeeperError, LookupError):
+    """No session has this id."""
+
+
+class HostStopped(TurnkeeperError):
+    """The host is stopping or stopped and takes no new work."""
+
+
+class SessionInfo(msgspec.Struct, frozen=True):
+    """A session as the host sees it now. `pending` are the tool calls waiting for results
+    from outside; `text` is the model's last answer or why the session stopped."""
+
+    session_id: str
+    status: HostStatus
+    pending: tuple[ToolUse, ...]
+    stop_reason: str | None
+    text: str | None
+    result: dict[str, Any] | None
+    usage: Usage
+    polls: int
+    seq: int
+    queued: int
+    error: str | None
+
+
+class _Session:
+    """The host's record of one session; the mailbox outlives the session's task."""
+
+    def __init__(self, state: SessionState, *, errored: bool = False) -> None:
+        self.state = state
+        self.mailbox: deque[str] = deque()
+        self.lock = anyio.Lock()
+        self.wake = anyio.Event()
+        self.changed = anyio.Event()
+        self.done = anyio.Event()
+        self.scope: anyio.CancelScope | None = None
+        self.running = False
+        self.errored = errored
+        self.error: str | None = None
+        self.crashes: list[float] = []
+        self.cancelling: str | None = None
+        self.status: HostStatus | None = None
+
+
+class Host:
+    """Runs many sessions in one process: `async with Host(chat=...) as host`.
+
+    Each session is a task in the host's task group, restarted from the log when it
+    raises (with exponential backoff); more than `max_restarts` crashes within
+    `restart_window` seconds mark it failed, and its siblings never notice. On entry
+    the host resumes every unfinished session in its log; on exit it stops gracefully:
+    no new work, `stop_grace` seconds for sessions to reach a turn boundary, then cancel.
+    Tools named in `tools` run in-process; calls of other tools park the session in
+    `requires_action` until `submit_tool_results`.
+    """
+
+    def __init__(
+        self,
+        *,
+        chat: Chat,
+        log: EventLog | None = None,
+        tools: Tools | None = None,
+        guard: Guard = default_guards,
+        mailbox_size: int = 64,
+        max_restarts: int = 3,
+        restart_window: float = 60.0,
+        restart_backoff: float = 0.1,
+        max_backoff: float = 10.0,
+        stop_grace: float = 10.0,
+        tool_concurrency: int = 8,
+        tool_timeout: float | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if mailbox_size < 1 or max_restarts < 0 or tool_concurrency < 1:
+            raise InputError(
+                "Host: mailbox_size and tool_concurrency must be >= 1, max_restarts >= 0"
+            )
+        self.chat = chat
+        self.log = log if log is not None else MemoryLog()
+        self._owns_log = log is None
+        self._tools = tools
+        self._handler = as_handler(tools) if tools is not None else None
+        self.guard = guard
+        self.mailbox_size = mailbox_size
+        self.max_restarts = max_restarts
+        self.restart_window = restart_window
+        self.restart_backoff = restart_backoff
+        self.max_backoff = max_backoff
+        self.stop_grace = stop_grace
+        self.tool_concurrency = tool_concurrency
+        self.tool_timeout = tool_timeout
+        self.clock = clock
+        self.counters: dict[str, int] = {}
+        self.append_seconds: list[float] = []
+        self._sessions: dict[str, _Session] = {}
+        self._group: anyio.abc.TaskGroup | None = None
+        self._stack: AsyncExitStack | None = None
+        self._accepting = False
+        self._stopping = False
+
+    async def __aenter__(self) -> Self:
+        stack = AsyncExitStack()
+        await stack.__aenter__()
+        try:
+            self._group = await stack.enter_async_context(anyio.create_task_group())
+            self._stack = stack
+            self._accepting = True
+            await self._recover()
+        except BaseException:
+            await stack.aclose()
+            raise
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> bool | None:
+        await self.stop()
+        assert self._stack is not None
+        return await self._stack.__aexit__(*exc_info)
+
+    # -- the API -------------------------------------------------------------------------
+
+    async def start(
+        self,
+        spec: AgentSpec,
+        prompt: str | None,
+        *,
+        session_id: str | None = None,
+        max_turns: int = 50,
+        guards: GuardConfig | None = None,
+        history: Sequence[dict[str, Any]] | None = None,
+    ) -> str:
+        """Open a session and start on `prompt`; returns its id once both are logged."""
+        self._check_accepting()
+        state = open_session(
+            spec, session_id=session_id, history=history, max_turns=max_turns, guards=guards
+        )
+        if state.session_id in self._sessions or await self.log.last_seq(state.session_id):
+            raise InputError(f"session_id: {state.session_id} already exists")
+        opened, state = emit(state, opened_event(state), at=self.clock())
+        events = [opened]
+        if prompt is not None:
+            begun, state, _ = begin_poll(state, Kickoff(prompt), now=self.clock(), guard=self.guard)
+            events.extend(begun)
+        await self._append(state.session_id, events, expected_seq=0)
+        session = _Session(state)
+        self._sessions[state.session_id] = session
+        self._note(session)
+        self._spawn(session)
+        return state.session_id
+
+    async def send(self, session_id: str, text: str) -> None:
+        """Queue a user message; it starts a new request episode when the session is free."""
+        self._check_accepting()
+        if not isinstance(text, str):
+            raise InputError(f"text: expected a string, got {type(text).__name__}")
+        session = await self._load(session_id)
+        status = self._status(session)
+        if status in ("failed", "cancelled"):
+            raise InputError(f"session {session_id} is {status} and takes no messages")
+        if status == "requires_action":
+            ids = ", ".join(use.id for use in self._outstanding(session))
+            raise InputError(
+                f"session {session_id} is waiting for the results of tool calls {ids}; "
+                "submit them first"
+            )
+        if len(session.mailbox) >= self.mailbox_size:
+            raise Busy(f"session {session_id}: mailbox full ({self.mailbox_size} messages queued)")
+        session.mailbox.append(text)
+        session.errored = False
+        self._note(session)
+        self._wake(session)
+
+    async def submit_tool_results(self, session_id: str, results: Sequence[ToolResult]) -> None:
+        """Answer the calls the session waits on; returns once the results are logged."""
+        self._check_accepting()
+        session = await self._load(session_id)
+        async with session.lock:
+            outstanding = [use.id for use in self._outstanding(session)]
+            if not outstanding:
+                raise InputError(f"session {session_id} is not waiting for tool results")
+            check_results(session_id, outstanding, results)
+            events = [
+                ToolReturned(tool_call_id=r.tool_use_id, text=r.text, is_error=r.is_error)
+                for r in results
+            ]
+            await self._commit_events(session, events)
+        self._wake(session)
+
+    async def retry(self, session_id: str) -> None:
+        """Try the model call of an errored session again."""
+        self._check_accepting()
+        session = await self._load(session_id)
+        session.errored = False
+        self._note(session)
+        self._wake(session)
+
+    async def cancel(self, session_id: str, reason: str = "cancelled by request") -> None:
+        """Stop the session's work now and mark it cancelled (logged)."""
+        session = await self._load(session_id)
+        if session.state.status in ("cancelled", "failed"):
+            return
+        session.cancelling = reason
+        if session.running and session.scope is not None:
+            session.scope.cancel()
+            await session.done.wait()
+        if session.state.status not in ("cancelled", "failed"):
+            async with session.lock:
+                await self._commit_events(session, [Cancelled(reason=reason)])
+
+    async def status(self, session_id: str) -> SessionInfo:
+        """The session as it is now."""
+        return self._info(await self._load(session_id))
+
+    async def result(self, session_id: str, *, wait: float | None = None) -> SessionInfo:
+        """The session once it is at rest (not running), or as it is after `wait` seconds."""
+        session = await self._load(session_id)
+        with anyio.move_on_after(wait):
+            while self._status(session) == "running":
+                await session.changed.wait()
+        return self._info(session)
+
+    async def events(self, session_id: str, *, after: int = 0, wait: float = 0.0) -> list[Envelope]:
+        """The session's events after seq `after`; if there are none yet, wait up to
+        `wait` seconds for one (long-poll)."""
+        session = await self._load(session_id)
+        deadline = anyio.current_time() + max(wait, 0.0)
+        while True:
+            changed = session.changed
+            found = await self.log.read(session_id, after=after)
+            remaining = deadline - anyio.current_time()
+            if found or remaining <= 0:
+                return found
+            with anyio.move_on_after(remaining):
+                await changed.wait()
+
+    async def sessions(self) -> list[str]:
+        """Every session id in the log, oldest first."""
+        return await self.log.sessions()
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Stop gracefully: take no new work, give sessions `grace` seconds to reach a
+        turn boundary, then cancel what is left. The log stays consistent throughout."""
+        self._accepting = False
+        self._stopping = True
+        for session in self._sessions.values():
+            self._wake(session)
+        limit = self.stop_grace if grace is None else grace
+        with anyio.move_on_after(limit):
+            for session in list(self._sessions.values()):
+                if session.running:
+                    await session.done.wait()
+        if self._group is not None:
+            self._group.cancel_scope.cancel()
+        if self._owns_log:
+            await self.log.close()
+
+    # -- loading and recovery ---------------------------------------------------------------
+
+    async def _recover(self) -> None:
+        for session_id in await self.log.sessions():
+            try:
+                session = await self._read(session_id)
+            except (ReplayError, LogError) as exc:
+                _log.error("session.unreadable", session_id=session_id, error=str(exc))
+                continue
+            self._sessions[session_id] = session
+            self._note(session)
+            if self._status(session) == "running":
+                self._spawn(session)
+        self.counters["sessions_recovered"] = sum(s.running for s in self._sessions.values())
+
+    async def _read(self, session_id: str) -> _Session:
+        events = await self.log.read(session_id)
+        if not events:
+            raise UnknownSession(f"no session {session_id}")
+        return _Session(replay(events), errored=events[-1].type == "local.chat_error")
+
+    async def _load(self, session_id: str) -> _Session:
+        session = self._sessions.get(session_id)
+        if session is not None:
+            self._spawn(session)
+            return session
+        if not isinstance(session_id, str) or not session_id:
+            raise UnknownSession(f"no session {session_id!r}")
+        try:
+            session = await self._read(session_id)
+        except ReplayError as exc:
+            raise UnknownSession(f"session {session_id} cannot be rebuilt: {exc}") from None
+        session = self._sessions.setdefault(session_id, session)
+        self._note(session)
+        self._spawn(session)
+        return session
+
+    # -- the session actor ----------------------------------------------------------------
+
+    def _spawn(self, session: _Session) -> None:
+        if session.running or self._group is None or not self._accepting:
+            return
+        if session.state.status in ("cancelled", "failed"):
+            return
+        session.running = True
+        session.done = anyio.Event()
+        self._group.start_soon(self._supervise, session, name=f"session {session.state.session_id}")
+
+    async def _supervise(self, session: _Session) -> None:
+        """Run the session's actor; restart it from the log when it crashes."""
+        session_id = session.state.session_id
+        try:
+            while True:
+                try:
+                    with anyio.CancelScope() as session.scope:
+                        await self._act(session)
+                except Exception as exc:
+                    if self._stopping or session.cancelling:
+                        return
+                    now = anyio.current_time()
+                    session.crashes = [
+                        t for t in session.crashes if now - t < self.restart_window
+                    ] + [now]
+                    session.error = f"{type(exc).__name__}: {exc}"
+                    self._count("session_crashes")
+                    _log.error("session.crashed", session_id=session_id, error=session.error)
+                    if len(session.crashes) > self.max_restarts:
+                        await self._give_up(session)
+                        return
+                    delay = min(
+                        self.max_backoff, self.restart_backoff * 2 ** (len(session.crashes) - 1)
+                    )
+                    await anyio.sleep(delay)
+                    try:
+                        rebuilt = await self._read(session_id)
+                    except (TurnkeeperError, OSError) as exc:
+                        session.error = f"cannot rebuild from the log: {exc}"
+                        await self._give_up(session)
+                        return
+                    session.state = rebuilt.state
+                    session.errored = rebuilt.errored
+                    _log.info(
+                        "session.restarted", session_id=session_id, restarts=len(session.crashes)
+                    )
+                else:
+                    return
+        finally:
+            session.running = False
+            session.scope = None
+            session.done.set()
+            self._note(session)
+
+    async def _give_up(self, session: _Session) -> None:
+        with anyio.CancelScope(shield=True):
+            try:
+                async with session.lock:
+                    await self._commit_events(session, [Failed(error=session.error or "crashed")])
+            except (TurnkeeperError, OSError) as exc:
+                # The log refuses the event: the session is failed in memory only.
+                session.state = msgspec.structs.replace(
+                    session.state, status="failed", in_poll=False, stop_reason="failed"
+                )
+                _log.error(
+                    "session.unloggable", session_id=session.state.session_id, error=str(exc)
+                )
+
+    async def _act(self, session: _Session) -> None:
+        """Advance the session until it needs something from outside, then wait for it."""
+        while not self._stopping and session.cancelling is None:
+            state = session.state
+            if state.status in ("cancelled", "failed"):
+                return
+            if not session.errored:
+                if state.in_poll:
+                    await self._call_model(session)
+                    continue
+                if state.status == "running":
+                    await self._poll(session, Resume())
+                    continue
+                if state.status == "requires_action":
+                    if await self._advance_tools(session):
+                        continue
+                elif session.mailbox:
+                    await self._poll(session, UserMessage(session.mailbox.popleft()))
+                    continue
+            await session.wake.wait()
+            session.wake = anyio.Event()
+
+    async def _advance_tools(self, session: _Session) -> bool:
+        """Run the in-process calls, or resume once every call has a result. False when
+        the remaining calls wait for results from outside."""
+        state = session.state
+        returned = {result.tool_use_id: result for result in state.returned}
+        local = [u for u in state.pending if u.id not in returned and self._runs_here(state, u)]
+        if local:
+            await self._run_tools(session, local)
+            return True
+        if all(use.id in returned for use in state.pending):
+            results = tuple(returned[use.id] for use in state.pending)
+            await self._poll(session, Resume(state.pending, results))
+            return True
+        return False
+
+    def _runs_here(self, state: SessionState, use: ToolUse) -> bool:
+        """Whether the host answers this call itself (by a handler, or as a bad call)."""
+        if check_call(state.spec, use) is not None:
+            return True
+        if self._handler is None:
+            return False
+        return not isinstance(self._tools, Mapping) or use.name in self._tools
+
+    async def _run_tools(self, session: _Session, uses: Iterable[ToolUse]) -> None:
+        assert self._handler is not None or all(check_call(session.state.spec, use) for use in uses)
+        limiter = anyio.CapacityLimiter(self.tool_concurrency)
+
+        async def one(use: ToolUse) -> None:
+            refusal = check_call(session.state.spec, use)
+            if refusal is not None:
+                self._count("tool_errors")
+                async with session.lock:
+                    await self._commit_events(
+                        session, [ToolReturned(tool_call_id=use.id, text=refusal, is_error=True)]
+                    )
+                return
+            assert self._handler is not None
+            async with limiter:
+                async with session.lock:
+                    await self._commit_events(
+                        session, [ToolCalled(tool_call_id=use.id, name=use.name, input=use.input)]
+                    )
+                ctx = ToolContext(session.state.session_id, use.id, use.name)
+                result = await run_tool(self._handler, use, ctx, timeout=self.tool_timeout)
+                if result.is_error:
+                    self._count("tool_errors")
+                async with session.lock:
+                    await self._commit_events(
+                        session,
+                        [
+                            ToolReturned(
+                                tool_call_id=use.id, text=result.text, is_error=result.is_error
+                            )
+                        ],
+                    )
+
+        async with anyio.create_task_group() as group:
+            for use in uses:
+                group.start_soon(one, use)
+
+    async def _poll(self, session: _Session, given: Input) -> None:
+        """Log the poll's input and guard events, then make its model call."""
+        async with session.lock:
+            events, state, request = begin_poll(
+                session.state, given, now=self.clock(), guard=self.guard
+            )
+            await self._commit(session, events, state)
+        if request is not None:
+            await self._call_model(session)
+
+    async def _call_model(self, session: _Session) -> None:
+        """Make the model call of the poll in flight and log its answer (or its failure)."""
+        state = session.state
+        self._count("model_calls")
+        response: object = None
+        with collecting_events() as reported:
+            try:
+                response = await self.chat(build_request(state))
+                events, ended = end_poll(
+                    state, response, now=self.clock(), guard=self.guard, reported=reported
+                )
+            except ChatError as error:
+                self._count("chat_errors")
+                failed = failure_events(state, error, reported, at=self.clock(), response=response)
+                async with session.lock:
+                    await self._commit(session, list(failed), _advance_seq(state, len(failed)))
+                session.errored = True
+                session.error = error.message
+                self._note(session)
+                return
+        self._count("chat_retries", sum(e.type == "local.chat_retry" for e in events))
+        self._count("guard_halts", sum(e.type == "local.halted" for e in events))
+        async with session.lock:
+            await self._commit(session, events, ended)
+
+    # -- logging and notification -----------------------------------------------------------
+
+    async def _commit_events(self, session: _Session, events: Sequence[AnyEvent]) -> None:
+        """Log `events` as the session's next seqs and apply them (caller holds the lock)."""
+        state = session.state
+        envelopes: list[Envelope] = []
+        for event in events:
+            envelope, state = emit(state, event, at=self.clock())
+            envelopes.append(envelope)
+        await self._commit(session, envelopes, state)
+
+    async def _commit(
+        self, session: _Session, events: Sequence[Envelope], state: SessionState
+    ) -> None:
+        """Make `events` durable, then make `state` (which they lead to) the session's."""
+        if events:
+            await self._append(session.state.session_id, events, expected_seq=session.state.seq)
+        session.state = state
+        self._note(session)
+
+    async def _append(
+        self, session_id: str, events: Sequence[Envelope], *, expected_seq: int
+    ) -> None:
+        started = time.perf_counter()
+        # Shielded: a cancelled append could leave the log ahead of the state we keep.
+        with anyio.CancelScope(shield=True):
+            await self.log.append(events, expected_seq=expected_seq)
+        self.append_seconds.append(time.perf_counter() - started)
+        if len(self.append_seconds) > 10_000:
+            del self.append_seconds[:5_000]
+
+    def _note(self, session: _Session) -> None:
+        """Wake long-pollers and log the transition if the status changed."""
+        session.changed.set()
+        session.changed = anyio.Event()
+        status = self._status(session)
+        if status != session.status:
+            _log.info(
+                "session.transition",
+                session_id=session.state.session_id,
+                status=status,
+                previous=session.status,
+                seq=session.state.seq,
+            )
+            session.status = status
+
+    def _wake(self, session: _Session) -> None:
+        session.wake.set()
+
+    def _count(self, name: str, amount: int = 1) -> None:
+        self.counters[name] = self.counters.get(name, 0) + amount
+
+    def _check_accepting(self) -> None:
+        if not self._accepting:
+            raise HostStopped("the host is not running (use `async with Host(...)`)")
+
+    # -- status ----------------------------------------------------------------------------
+
+    def _outstanding(self, session: _Session) -> list[ToolUse]:
+        """Pending calls without a result that the host will not answer itself."""
+        state = session.state
+        returned = {result.tool_use_id for result in state.returned}
+        return [
+            use
+            for use in state.pending
+            if use.id not in returned and not self._runs_here(state, use)
+        ]
+
+    def _status(self, session: _Session) -> HostStatus:
+        state = session.state
+        if state.status in ("failed", "cancelled"):
+            return state.status
+        if session.errored:
+            return "errored"
+        if state.in_poll or state.status == "running":
+            return "running"
+        if state.status == "requires_action":
+            return "requires_action" if self._outstanding(session) else "running"
+        if session.mailbox:
+            return "running"
+        return "halted" if state.status == "halted" else "idle"
+
+    def _info(self, session: _Session) -> SessionInfo:
+        state = session.state
+        status = self._status(session)
+        text: str | None = None
+        for message in reversed(state.history):
+            if message.get("role") == "assistant":
+                text = text_of(message)
+                break
+        if state.status == "halted" and state.halt_message is not None:
+            text = state.halt_message
+        return SessionInfo(
+            session_id=state.session_id,
+            status=status,
+            pending=tuple(self._outstanding(session)) if status == "requires_action" else (),
+            stop_reason=state.stop_reason,
+            text=text,
+            result=state.result,
+            usage=state.usage,
+            polls=state.polls,
+            seq=state.seq,
+            queued=len(session.mailbox),
+            error=session.error if status in ("errored", "failed") else None,
+        )
+
+
+def _advance_seq(state: SessionState, count: int) -> SessionState:
+    """The state after `count` events that change nothing but the seq."""
+    return msgspec.structs.replace(state, seq=state.seq + count)
+
+
+def _halt_message(state: SessionState) -> str | None:
+    """Why a halted session stopped, as told to the user (kept as its last halt's message)."""
+    return state.halt_message

@@ -521,3 +521,10 @@ async def test_seq_is_contiguous_and_apply_rejects_a_gap() -> None:
         replay([log[0], log[2]])
     with pytest.raises(SeqError):
         apply_event(state, log[-1])
+
+
+async def test_a_response_that_cannot_be_logged_is_malformed_not_a_crash() -> None:
+    chat = ScriptedChat([text_response("bad \ud800 text")])
+    with pytest.raises(ChatError, match="cannot be logged as JSON") as caught:
+        await poll_turn(open_session(SPEC), Kickoff("go"), chat)
+    decode_jsonl(encode_jsonl(caught.value.events))

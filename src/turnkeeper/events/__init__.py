@@ -39,6 +39,9 @@ from turnkeeper.events._jsonl import (
     read_jsonl,
     write_jsonl,
 )
+from turnkeeper.events._jsonl_log import JsonlLog
+from turnkeeper.events._log import EventLog, SeqConflict
+from turnkeeper.events._memory_log import MemoryLog
 from turnkeeper.events._policy import (
     Budget,
     ConsecutiveErrors,
@@ -51,6 +54,7 @@ from turnkeeper.events._policy import (
 )
 from turnkeeper.events._replay import replay
 from turnkeeper.events._report import collecting_events, report_event
+from turnkeeper.events._sqlite_log import SqliteLog
 from turnkeeper.events._state import SessionState, Status, apply_event, fold, initial_state
 from turnkeeper.events._types import AgentSpec, Message, ToolResult, ToolSpec, ToolUse, Usage
 
@@ -68,23 +72,28 @@ __all__ = [
     "DuplicateToolCall",
     "Envelope",
     "Event",
+    "EventLog",
     "Failed",
     "FinalTurn",
     "GuardConfig",
     "Halted",
     "InputError",
+    "JsonlLog",
     "JsonlRead",
     "LogCorrupt",
     "LogError",
     "LoopDetection",
     "MaxTurns",
+    "MemoryLog",
     "Message",
     "MessageReceived",
     "ModelResponded",
     "ReplayError",
+    "SeqConflict",
     "SeqError",
     "SessionOpened",
     "SessionState",
+    "SqliteLog",
     "Status",
     "TerminalTool",
     "TerminalToolCalled",

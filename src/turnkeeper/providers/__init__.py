@@ -1,6 +1,7 @@
 """Chat backends and what wraps them: the chat type, retry, and a scripted backend for tests."""
 
 from turnkeeper.providers._chat import Chat, error_for_status, parse_retry_after
+from turnkeeper.providers._openai import OpenAIChat, aclose_shared_client
 from turnkeeper.providers._retry import with_retry
 from turnkeeper.providers._scripted import (
     ScriptedChat,
@@ -13,10 +14,12 @@ from turnkeeper.providers._scripted import (
 
 __all__ = [
     "Chat",
+    "OpenAIChat",
     "ScriptExhausted",
     "ScriptItem",
     "ScriptedChat",
     "ToolCallSpec",
+    "aclose_shared_client",
     "error_for_status",
     "parse_retry_after",
     "text_response",

@@ -188,6 +188,10 @@ def end_poll(
     """Apply the model's response and the after-response guards. Raises ChatError
     ("malformed response: ...") when the response is not chat-completions shaped."""
     message, finish_reason, usage = check_response(response, call_prefix=f"call_{state.seq + 1}")
+    try:
+        _json.encode(response)
+    except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as exc:
+        raise _malformed(f"it cannot be logged as JSON ({exc})") from None
     reply = Reply(message, text_of(message), tool_uses_of(message), finish_reason, usage)
     verdict = guard(GuardView("after_response", state, now, reply=reply))
     log = _Log(state)

@@ -77,7 +77,8 @@ def check_call(spec: AgentSpec, use: ToolUse) -> str | None:
 def as_text(value: Any) -> str:
     """A handler's return value as the text sent to the model."""
     if isinstance(value, str):
-        return value
+        # Lone surrogates cannot be logged as JSON; each becomes "?".
+        return value.encode("utf-8", "replace").decode("utf-8") if not value.isascii() else value
     return _json.encode(value).decode()
 
 

@@ -132,9 +132,12 @@ class SqliteLog(EventLog):
                 await anyio.lowlevel.checkpoint()
                 taken, self._queue = self._queue, []
                 outcomes = [LogError(f"{self.path}: append failed unexpectedly") for _ in taken]
-                outcomes = await anyio.to_thread.run_sync(
-                    self._commit, [pending.batch for pending in taken], limiter=self._write_limiter
-                )
+                if taken:
+                    outcomes = await anyio.to_thread.run_sync(
+                        self._commit,
+                        [pending.batch for pending in taken],
+                        limiter=self._write_limiter,
+                    )
         finally:
             for pending, outcome in zip(taken, outcomes, strict=True):
                 pending.done = True
@@ -296,16 +299,14 @@ def _last_seq(connection: sqlite3.Connection, path: Path, session_id: str) -> in
 
 def _decode_row(path: Path, session_id: Any, seq: Any, body: Any) -> Envelope:
     """The envelope stored in a row; LogCorrupt unless it decodes and matches its columns."""
-    where = f"{path}: session {session_id} seq {seq}"
-    if not isinstance(body, bytes | str):
-        raise LogCorrupt(f"{where}: body is {type(body).__name__}, not an encoded event")
     try:
         envelope = decode_envelope(body)
     except LogCorrupt as exc:
-        raise LogCorrupt(f"{where}: {exc}") from None
+        raise LogCorrupt(f"{path}: session {session_id} seq {seq}: {exc}") from None
     if envelope.session_id != session_id or envelope.seq != seq:
         raise LogCorrupt(
-            f"{where}: body holds session {envelope.session_id} seq {envelope.seq} instead"
+            f"{path}: session {session_id} seq {seq}: body holds session "
+            f"{envelope.session_id} seq {envelope.seq} instead"
         )
     return envelope
 

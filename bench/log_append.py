@@ -1,0 +1,117 @@
+"""Durable append throughput of the event logs, for 1, 10 and 500 concurrent appenders.
+
+Each appender is one session appending a turn's worth of events (a model response
+and a tool call) at a time, each append durable before the next. Prints appends/s,
+commits (transactions or fsynced writes)/s, appends per commit and append latency.
+Figures, not assertions. Run: `python bench/log_append.py` (trio, as the service runs).
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import anyio
+
+from turnkeeper.events import Envelope, ModelResponded, ToolCalled, Usage
+from turnkeeper.events._jsonl_log import JsonlLog
+from turnkeeper.events._log import EventLog
+from turnkeeper.events._sqlite_log import SqliteLog
+
+SECONDS = 3.0
+APPENDERS = (1, 10, 500)
+
+
+def turn(session_id: str, seq: int) -> list[Envelope]:
+    """A turn's events: a model response calling a tool, and the tool call about to run."""
+    arguments = '{"query": "weather in Lisbon", "units": "metric"}'
+    call = {
+        "id": f"call_{seq}",
+        "type": "function",
+        "function": {"name": "search", "arguments": arguments},
+    }
+    message = {"role": "assistant", "content": None, "tool_calls": [call]}
+    response = {
+        "id": f"chatcmpl-{session_id}-{seq}",
+        "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls"}],
+        "usage": {"prompt_tokens": 412, "completion_tokens": 31},
+    }
+    now = time.time()
+    return [
+        Envelope(
+            session_id=session_id,
+            seq=seq,
+            at=now,
+            event=ModelResponded(
+                response=response,
+                message=message,
+                finish_reason="tool_calls",
+                usage=Usage(prompt_tokens=412, completion_tokens=31),
+            ),
+        ),
+        Envelope(
+            session_id=session_id,
+            seq=seq + 1,
+            at=now,
+            event=ToolCalled(tool_call_id=f"call_{seq}", name="search", input={"query": "x"}),
+        ),
+    ]
+
+
+async def measure(log: EventLog, commits: Callable[[], int], appenders: int) -> str:
+    """Run `appenders` sessions appending turns for SECONDS; one line of figures."""
+    latencies: list[float] = []
+    deadline = time.perf_counter() + SECONDS
+
+    async def appender(session_id: str) -> None:
+        seq = 0
+        while time.perf_counter() < deadline:
+            events = turn(session_id, seq + 1)
+            started = time.perf_counter()
+            await log.append(events, expected_seq=seq)
+            latencies.append(time.perf_counter() - started)
+            seq += len(events)
+
+    commits_before = commits()
+    started = time.perf_counter()
+    async with anyio.create_task_group() as group:
+        for index in range(appenders):
+            group.start_soon(appender, f"bench-{appenders}-{index}")
+    elapsed = time.perf_counter() - started
+    count = len(latencies)
+    committed = commits() - commits_before
+    cuts = statistics.quantiles(latencies, n=100) if count > 1 else latencies * 99
+    return (
+        f"{appenders:>9} {count / elapsed:>10.0f} {2 * count / elapsed:>9.0f} "
+        f"{committed / elapsed:>10.0f} {count / max(committed, 1):>10.1f} "
+        f"{cuts[49] * 1000:>8.2f} {cuts[98] * 1000:>8.2f}"
+    )
+
+
+async def main() -> None:
+    print(
+        f"event log appends, {SECONDS:.0f} s per row, 2 events per append, "
+        f"{os.cpu_count()} cores, SQLite {sqlite3.sqlite_version}, trio"
+    )
+    header = f"{'appenders':>9} {'appends/s':>10} {'events/s':>9} {'commits/s':>10} "
+    header += f"{'per commit':>10} {'p50 ms':>8} {'p99 ms':>8}"
+    with tempfile.TemporaryDirectory() as directory:
+        print("\nSqliteLog (WAL, synchronous=FULL, group commit)")
+        print(header)
+        async with SqliteLog(Path(directory) / "log.db") as sqlite_log:
+            for appenders in APPENDERS:
+                print(await measure(sqlite_log, lambda: sqlite_log.commits, appenders))
+        print("\nJsonlLog (one file per session, fsync per append)")
+        print(header)
+        async with JsonlLog(Path(directory) / "jsonl") as jsonl_log:
+            for appenders in APPENDERS:
+                print(await measure(jsonl_log, lambda: jsonl_log.commits, appenders))
+
+
+if __name__ == "__main__":
+    anyio.run(main, backend="trio")

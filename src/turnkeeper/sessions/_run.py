@@ -35,7 +35,14 @@ from turnkeeper.sessions._inputs import Input, Kickoff, Resume
 from turnkeeper.sessions._normalize import Terminal, TurnResult, normalize
 from turnkeeper.sessions._open import open_session
 from turnkeeper.sessions._poll import Chat, emit, poll_turn
-from turnkeeper.tools._handlers import ToolContext, Tools, as_handler, check_call, run_tool
+from turnkeeper.tools._handlers import (
+    ToolContext,
+    ToolHandler,
+    Tools,
+    as_handler,
+    check_call,
+    run_tool,
+)
 
 TurnGuard = Callable[[Usage, int], str | None]
 """Called after each model call with the run's usage and model calls so far; a returned
@@ -89,11 +96,10 @@ class _Runner:
         self,
         spec: AgentSpec,
         uses: tuple[ToolUse, ...],
-        tools: Tools,
+        handler: ToolHandler,
         concurrency: int,
         timeout: float | None,
     ) -> tuple[ToolResult, ...]:
-        handler = as_handler(tools)
         results: dict[str, ToolResult] = {}
         limiter = anyio.CapacityLimiter(concurrency)
 
@@ -154,6 +160,7 @@ async def run(
         )
     if tool_concurrency < 1:
         raise InputError(f"tool_concurrency: expected at least 1, got {tool_concurrency}")
+    handler = as_handler(tools) if tools is not None else None
     state = open_session(
         spec, session_id=session_id, history=history, max_turns=max_turns, guards=config
     )
@@ -173,10 +180,10 @@ async def run(
     with anyio.move_on_after(timeout) as scope:
         while True:
             if next_input is None:
-                if tools is None:
+                if handler is None:
                     break
                 results = await runner.run_tools(
-                    spec, pending, tools, tool_concurrency, tool_timeout
+                    spec, pending, handler, tool_concurrency, tool_timeout
                 )
                 next_input = Resume(pending, results)
             try:

@@ -36,6 +36,8 @@ def encode_envelope(envelope: Envelope) -> bytes:
 
 def decode_envelope(data: bytes | str, *, line: int | None = None) -> Envelope:
     """One envelope from JSON; anything else raises LogCorrupt."""
+    if not isinstance(data, bytes | bytearray | memoryview | str):
+        raise LogCorrupt(f"expected bytes or str, got {type(data).__name__}", line=line)
     try:
         return _decoder.decode(data)
     except msgspec.DecodeError as exc:
@@ -62,7 +64,7 @@ def check_sequence(events: Iterable[Envelope], *, from_start: bool = True) -> No
         last[envelope.session_id] = envelope.seq
 
 
-def decode_jsonl(data: bytes, *, check_seq: bool = True) -> JsonlRead:
+def decode_jsonl(data: bytes | bytearray | memoryview, *, check_seq: bool = True) -> JsonlRead:
     """Envelopes from JSON Lines.
 
     A last line without its newline that does not decode is a torn write: it is

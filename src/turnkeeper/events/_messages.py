@@ -75,10 +75,19 @@ def tool_uses_of(message: Message) -> tuple[ToolUse, ...]:
 
 
 def _decode_calls(message: Message) -> tuple[ToolUse, ...]:
+    """Raises TypeError when `tool_calls` is not a list of calls with string ids and names."""
     calls = message.get("tool_calls") or ()
+    if not isinstance(calls, list | tuple):
+        raise TypeError(f"tool_calls is {type(calls).__name__}, not a list")
     uses: list[ToolUse] = []
-    for call in calls:
-        function = call["function"]
+    for index, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        if not (
+            isinstance(function, dict)
+            and isinstance(call.get("id"), str)
+            and isinstance(function.get("name"), str)
+        ):
+            raise TypeError(f"tool_calls[{index}] has no string id and function name")
         arguments, error = decode_arguments(function.get("arguments"))
         uses.append(ToolUse(id=call["id"], name=function["name"], input=arguments, error=error))
     return tuple(uses)

@@ -1,0 +1,242 @@
+"""Event types and the envelope: stable tags, JSON round trips, immutability, validation."""
+
+from __future__ import annotations
+
+import json
+import typing
+from typing import Any
+
+import msgspec
+import pytest
+
+from turnkeeper.events import (
+    AgentSpec,
+    AnyEvent,
+    Budget,
+    Cancelled,
+    ChatFailed,
+    ChatRetried,
+    DirectiveInjected,
+    DuplicateToolCall,
+    Envelope,
+    Event,
+    Failed,
+    GuardConfig,
+    Halted,
+    LogCorrupt,
+    MessageReceived,
+    ModelResponded,
+    SessionOpened,
+    TerminalToolCalled,
+    ToolCalled,
+    ToolResult,
+    ToolResultsReceived,
+    ToolReturned,
+    ToolSpec,
+    Usage,
+    decode_envelope,
+    encode_envelope,
+)
+
+# The wire names. Changing one breaks every stored log, so they are pinned here, not derived.
+TAGS: dict[type[Event], str] = {
+    SessionOpened: "local.session_opened",
+    MessageReceived: "local.user_message",
+    ToolResultsReceived: "local.tool_results",
+    DirectiveInjected: "local.directive",
+    ModelResponded: "local.model_response",
+    DuplicateToolCall: "local.duplicate_tool_call",
+    ChatRetried: "local.chat_retry",
+    ChatFailed: "local.chat_error",
+    ToolCalled: "local.tool_call",
+    ToolReturned: "local.tool_result",
+    Halted: "local.halted",
+    TerminalToolCalled: "local.terminal",
+    Cancelled: "local.cancelled",
+    Failed: "local.failed",
+}
+
+SPEC = AgentSpec(
+    system_prompt="You help.",
+    tools=(ToolSpec("search", "Search the web", {"type": "object"}, repeatable=True),),
+    terminal_tool="search",
+    model="tiny",
+    temperature=0.2,
+    stop=("END",),
+)
+CALL = {
+    "id": "call_1",
+    "type": "function",
+    "function": {"name": "search", "arguments": '{"q": "x"}'},
+}
+
+EXAMPLES: list[AnyEvent] = [
+    SessionOpened(
+        spec=SPEC,
+        history=({"role": "system", "content": "You help."},),
+        max_turns=7,
+        guards=GuardConfig(loop=None, budget=Budget(max_tokens=100, max_seconds=2.5)),
+        resume=True,
+    ),
+    MessageReceived(text='héllo\n"quoted" \u2028 text'),
+    ToolResultsReceived(
+        results=(ToolResult("call_1", "found"), ToolResult("call_2", "boom", is_error=True))
+    ),
+    DirectiveInjected(guard="errors", text="Fix the error."),
+    ModelResponded(
+        response={
+            "id": "chatcmpl-1",
+            "choices": [{"message": {"role": "assistant", "tool_calls": [CALL]}}],
+            "x_vendor": {"nested": [1, 2.5, None, True]},
+        },
+        message={"role": "assistant", "content": None, "tool_calls": [CALL]},
+        finish_reason="tool_calls",
+        usage=Usage(12, 3),
+    ),
+    DuplicateToolCall(
+        tool_call_id="call_2", name="search", arguments='{"q":"x"}', message="already done"
+    ),
+    ChatRetried(attempt=2, delay=1.5, error="HTTP 503", status=503),
+    ChatFailed(error="HTTP 400", transient=False, status=400, response={"error": "bad"}),
+    ToolCalled(tool_call_id="call_1", name="search", input={"q": "x", "n": [1, {"a": None}]}),
+    ToolReturned(tool_call_id="call_1", text="boom", is_error=True),
+    Halted(guard="loop", reason="going_in_circles", message="Stopped: going in circles."),
+    TerminalToolCalled(tool_call_id="call_3", name="search", result={"answer": 42}),
+    Cancelled(reason="user asked"),
+    Failed(error="crashed 3 times in 60 s"),
+]
+
+
+def test_every_event_type_has_its_pinned_tag() -> None:
+    assert {cls: cls.__struct_config__.tag for cls in TAGS} == TAGS
+
+
+def test_the_union_holds_exactly_the_pinned_event_types() -> None:
+    assert set(typing.get_args(AnyEvent)) == set(TAGS)
+    assert {type(event) for event in EXAMPLES} == set(TAGS)
+
+
+def test_tags_are_explicit_not_derived_from_class_names() -> None:
+    for cls, tag in TAGS.items():
+        assert tag.startswith("local.")
+        assert cls.__name__ not in tag
+    assert len(set(TAGS.values())) == len(TAGS)
+
+
+@pytest.mark.parametrize("event", EXAMPLES, ids=lambda e: type(e).__name__)
+def test_envelope_round_trips_through_json(event: AnyEvent) -> None:
+    envelope = Envelope("local_0123456789abcdef", 4, 1_700_000_000.25, event)
+    data = encode_envelope(envelope)
+    assert b"\n" not in data
+    wire = json.loads(data)
+    assert wire["event"]["type"] == TAGS[type(event)]
+    assert (wire["session_id"], wire["seq"], wire["at"]) == (
+        "local_0123456789abcdef",
+        4,
+        1_700_000_000.25,
+    )
+    back = decode_envelope(data)
+    assert back == envelope
+    assert type(back.event) is type(event)
+    assert decode_envelope(data.decode()) == envelope
+
+
+@pytest.mark.parametrize("event", EXAMPLES, ids=lambda e: type(e).__name__)
+def test_envelope_type_is_the_event_tag(event: AnyEvent) -> None:
+    assert Envelope("s", 1, 0.0, event).type == TAGS[type(event)]
+
+
+def test_a_hand_written_line_decodes_by_its_tag() -> None:
+    line = '{"session_id":"s","seq":3,"at":5,"event":{"type":"local.user_message","text":"hi"}}'
+    envelope = decode_envelope(line)
+    assert envelope == Envelope("s", 3, 5.0, MessageReceived(text="hi"))
+    assert envelope.type == "local.user_message"
+
+
+def test_raw_response_is_kept_verbatim() -> None:
+    responded = EXAMPLES[4]
+    assert isinstance(responded, ModelResponded)
+    back = decode_envelope(encode_envelope(Envelope("s", 1, 0.0, responded))).event
+    assert isinstance(back, ModelResponded)
+    assert back.response["x_vendor"] == {"nested": [1, 2.5, None, True]}
+    assert back.response["id"] == "chatcmpl-1"
+
+
+def test_envelopes_and_events_are_frozen() -> None:
+    envelope = Envelope("s", 1, 0.0, MessageReceived(text="hi"))
+    with pytest.raises(AttributeError):
+        envelope.seq = 2  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        envelope.event = Cancelled(reason="x")  # type: ignore[misc]
+    for event in EXAMPLES:
+        field = event.__struct_fields__[0]
+        with pytest.raises(AttributeError):
+            setattr(event, field, getattr(event, field))
+
+
+def _line(**overrides: Any) -> bytes:
+    envelope: dict[str, Any] = {
+        "session_id": "s",
+        "seq": 1,
+        "at": 0.0,
+        "event": {"type": "local.user_message", "text": "hi"},
+    }
+    envelope.update(overrides)
+    return json.dumps(envelope).encode()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "needle"),
+    [
+        ({"session_id": ""}, "`$.session_id`"),
+        ({"session_id": 7}, "`$.session_id`"),
+        ({"seq": 0}, "`int` >= 1 - at `$.seq`"),
+        ({"seq": -3}, "`int` >= 1 - at `$.seq`"),
+        ({"seq": "1"}, "`$.seq`"),
+        ({"seq": 1.5}, "`$.seq`"),
+        ({"at": "noon"}, "`$.at`"),
+        ({"event": {"type": "local.nope", "text": "hi"}}, "'local.nope' - at `$.event.type`"),
+        ({"event": {"type": "MessageReceived", "text": "hi"}}, "'MessageReceived'"),
+        ({"event": {"text": "hi"}}, "missing required field `type`"),
+        ({"event": {"type": "local.user_message"}}, "missing required field `text`"),
+        ({"event": {"type": "local.user_message", "text": 5}}, "`$.event.text`"),
+    ],
+)
+def test_invalid_envelopes_raise_log_corrupt_naming_the_field(
+    overrides: dict[str, Any], needle: str
+) -> None:
+    with pytest.raises(LogCorrupt, match="not an event envelope") as caught:
+        decode_envelope(_line(**overrides), line=9)
+    assert needle in str(caught.value)
+    assert caught.value.line == 9
+    assert str(caught.value).startswith("line 9: ")
+
+
+def test_missing_envelope_fields_raise_log_corrupt() -> None:
+    for field in ("session_id", "seq", "at", "event"):
+        data = json.loads(_line())
+        del data[field]
+        with pytest.raises(LogCorrupt, match=f"missing required field `{field}`"):
+            decode_envelope(json.dumps(data))
+
+
+def test_an_opened_event_with_an_invalid_spec_is_log_corrupt() -> None:
+    opened = EXAMPLES[0]
+    wire = json.loads(encode_envelope(Envelope("s", 1, 0.0, opened)))
+    tool = wire["event"]["spec"]["tools"][0]
+    wire["event"]["spec"]["tools"] = [tool, tool]
+    with pytest.raises(LogCorrupt, match="'search' is listed twice"):
+        decode_envelope(json.dumps(wire))
+
+
+@pytest.mark.parametrize("data", [None, 5, ["x"], {"session_id": "s"}])
+def test_decode_envelope_rejects_what_is_not_bytes_or_text(data: Any) -> None:
+    with pytest.raises(LogCorrupt, match=f"expected bytes or str, got {type(data).__name__}"):
+        decode_envelope(data)
+
+
+def test_events_compare_and_hash_by_value() -> None:
+    assert MessageReceived(text="a") == MessageReceived(text="a")
+    assert MessageReceived(text="a") != MessageReceived(text="b")
+    assert hash(Cancelled(reason="x")) == hash(Cancelled(reason="x"))
+    assert msgspec.structs.replace(EXAMPLES[1], text="other") != EXAMPLES[1]

@@ -50,6 +50,7 @@ from turnkeeper.events._policy import (
     GuardConfig,
     LoopDetection,
     MaxTurns,
+    SmallModel,
     TerminalTool,
 )
 from turnkeeper.events._replay import replay
@@ -93,6 +94,7 @@ __all__ = [
     "SeqError",
     "SessionOpened",
     "SessionState",
+    "SmallModel",
     "SqliteLog",
     "Status",
     "TerminalTool",

@@ -46,6 +46,20 @@ class Budget(msgspec.Struct, frozen=True):
     max_seconds: float | None = None
 
 
+class SmallModel(msgspec.Struct, frozen=True):
+    """Help for small local models (the on-device loop's steps 1, 2, 7 and 9).
+
+    The model is sent only the last `window_turns` turns (starting on a user turn) with
+    tool results cut to `max_result_chars`, while the log keeps everything; a transcript
+    that ends on a tool result resumes with a "next step" turn; after a tool step the
+    request is restated; and, once per step, a plain reply that ignores the last failed
+    call, or tells the user to use a tool that is right here, is sent back.
+    """
+
+    window_turns: int = 12
+    max_result_chars: int = 1500
+
+
 class GuardConfig(msgspec.Struct, frozen=True):
     """Which guards run for a session, and how. The defaults reproduce both reference loops."""
 
@@ -56,3 +70,4 @@ class GuardConfig(msgspec.Struct, frozen=True):
     loop: LoopDetection | None = LoopDetection()
     terminal: TerminalTool | None = TerminalTool()
     budget: Budget | None = None
+    small_model: SmallModel | None = None

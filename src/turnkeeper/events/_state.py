@@ -77,6 +77,7 @@ class SessionState(msgspec.Struct, frozen=True):
     deferred: tuple[Message, ...] = ()
     returned: tuple[ToolResult, ...] = ()
     halt_message: str | None = None
+    request: str | None = None
     stop_reason: str | None = None
     result: dict[str, Any] | None = None
 
@@ -205,6 +206,7 @@ def apply_event(state: SessionState, envelope: Envelope) -> SessionState:
             deferred=(),
             returned=(),
             halt_message=None,
+            request=event.text,
             status="running",
             in_poll=True,
             polls=0,

@@ -8,6 +8,7 @@ from turnkeeper.events._policy import (
     GuardConfig,
     LoopDetection,
     MaxTurns,
+    SmallModel,
     TerminalTool,
 )
 from turnkeeper.guards._builtin import (
@@ -20,6 +21,7 @@ from turnkeeper.guards._builtin import (
     terminal_tool,
 )
 from turnkeeper.guards._compose import compose
+from turnkeeper.guards._small_model import correct_reply, restate_request, resume_next_step, window
 from turnkeeper.guards._view import (
     CONTINUE,
     Directive,
@@ -38,6 +40,9 @@ default_guards: Guard = compose(
     loop_detection,
     duplicate_calls,
     consecutive_errors,
+    resume_next_step,
+    restate_request,
+    correct_reply,
     terminal_tool,
     final_turn,
 )
@@ -59,15 +64,20 @@ __all__ = [
     "Phase",
     "Reply",
     "SelfAnswer",
+    "SmallModel",
     "TerminalTool",
     "Verdict",
     "budget",
     "compose",
     "consecutive_errors",
+    "correct_reply",
     "default_guards",
     "duplicate_calls",
     "final_turn",
     "loop_detection",
     "max_turns",
+    "restate_request",
+    "resume_next_step",
     "terminal_tool",
+    "window",
 ]

@@ -37,7 +37,7 @@ from turnkeeper.events import (
     collecting_events,
 )
 from turnkeeper.events._messages import text_of, tool_uses_of
-from turnkeeper.guards import Guard, GuardView, Reply, default_guards
+from turnkeeper.guards import Guard, GuardView, Reply, default_guards, window
 from turnkeeper.sessions._inputs import Input, Kickoff, Resume, UserMessage
 
 Chat = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
@@ -168,9 +168,10 @@ def _openai_tools(tools: tuple[ToolSpec, ...]) -> list[dict[str, Any]]:
 def build_request(state: SessionState) -> dict[str, Any]:
     """The chat request for the state's history. Backends must not mutate it."""
     spec = state.spec
+    messages = window(state.history, state) if state.guards.small_model else list(state.history)
     request: dict[str, Any] = {
         "model": spec.model,
-        "messages": list(state.history),
+        "messages": messages,
         "tools": _openai_tools(spec.tools),
     }
     request.update(spec.sampling())

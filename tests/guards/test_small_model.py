@@ -1,0 +1,162 @@
+"""Small-model mode: resume, restate, corrections and the request window."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import msgspec
+import pytest
+
+from turnkeeper.events import (
+    AgentSpec,
+    GuardConfig,
+    SessionState,
+    SmallModel,
+    ToolResult,
+    ToolSpec,
+    ToolUse,
+    Usage,
+)
+from turnkeeper.guards import (
+    CONTINUE,
+    GuardView,
+    Reply,
+    correct_reply,
+    restate_request,
+    resume_next_step,
+    window,
+)
+from turnkeeper.providers import ScriptedChat, text_response, tool_response
+from turnkeeper.sessions import open_session, run
+
+SPEC = AgentSpec(
+    system_prompt="sys",
+    tools=(ToolSpec("web_search"), ToolSpec("add_to_cart"), ToolSpec("finish")),
+    terminal_tool="finish",
+)
+ON = GuardConfig(small_model=SmallModel(window_turns=2, max_result_chars=10))
+
+
+def state_with(history: list[dict[str, Any]], **changes: Any) -> SessionState:
+    state = open_session(SPEC, guards=ON)
+    return msgspec.structs.replace(state, history=tuple(history), **changes)
+
+
+def reply(text: str) -> Reply:
+    return Reply({"role": "assistant", "content": text}, text, (), "stop", Usage())
+
+
+def error_tool(text: str) -> dict[str, Any]:
+    return {
+        "role": "tool",
+        "tool_call_id": "c1",
+        "content": json.dumps({"error": text, "isError": True}),
+    }
+
+
+def test_reattached_transcript_ending_on_a_tool_result_resumes_with_next_step() -> None:
+    history = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": None, "tool_calls": []},
+        {"role": "tool", "tool_call_id": "c1", "content": "r"},
+    ]
+    state = state_with(history, resume=True)
+    verdict = resume_next_step(GuardView("before_call", state, 0.0))
+    assert [d.text for d in verdict.directives] == ["Continue with the next step for my request."]
+    assert resume_next_step(GuardView("before_call", state_with(history), 0.0)) is CONTINUE
+    off = msgspec.structs.replace(state, guards=GuardConfig())
+    assert resume_next_step(GuardView("before_call", off, 0.0)) is CONTINUE
+
+
+def test_request_is_restated_after_a_tool_step_only() -> None:
+    state = state_with([{"role": "user", "content": "find x"}], request="find x")
+    use = ToolUse("c1", "web_search", {})
+    after_tools = GuardView("before_call", state, 0.0, results=((use, ToolResult("c1", "r")),))
+    verdict = restate_request(after_tools)
+    assert "My request: find x" in verdict.directives[0].text
+    assert restate_request(GuardView("before_call", state, 0.0)) is CONTINUE
+
+
+def test_a_reply_ignoring_the_last_failed_call_is_sent_back_once() -> None:
+    state = state_with([{"role": "user", "content": "q"}, error_tool("quota exceeded")])
+    verdict = correct_reply(GuardView("after_response", state, 0.0, reply=reply("Done! All set.")))
+    assert "quota exceeded" in verdict.directives[0].text
+    assert "Don't say it worked" in verdict.directives[0].text
+    admits = reply("Sorry, the search failed.")
+    assert correct_reply(GuardView("after_response", state, 0.0, reply=admits)) is CONTINUE
+    corrected = state_with(
+        [*state.history, {"role": "user", "content": verdict.directives[0].text}]
+    )
+    again = GuardView("after_response", corrected, 0.0, reply=reply("Done!"))
+    assert correct_reply(again) is CONTINUE
+
+
+@pytest.mark.parametrize(
+    ("text", "tool"),
+    [
+        ("Please click Add to cart to buy it.", "add_to_cart"),
+        ("You can use the web search tool for that.", "web_search"),
+        ("Try calling web_search with your query.", "web_search"),
+    ],
+)
+def test_a_reply_that_pushes_a_tool_onto_the_user_is_sent_back(text: str, tool: str) -> None:
+    state = state_with([{"role": "user", "content": "buy it"}])
+    verdict = correct_reply(GuardView("after_response", state, 0.0, reply=reply(text)))
+    assert f"call {tool} now" in verdict.directives[0].text
+
+
+def test_a_plain_answer_is_left_alone() -> None:
+    state = state_with(
+        [{"role": "user", "content": "q"}, {"role": "tool", "tool_call_id": "c1", "content": "42"}]
+    )
+    answer = reply("The answer is 42.")
+    assert correct_reply(GuardView("after_response", state, 0.0, reply=answer)) is CONTINUE
+
+
+def test_window_keeps_system_and_last_turns_from_a_user_turn_and_cuts_results() -> None:
+    history = [{"role": "system", "content": "s"}]
+    for turn in range(4):
+        history += [
+            {"role": "user", "content": f"u{turn}"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": f"c{turn}",
+                        "type": "function",
+                        "function": {"name": "web_search", "arguments": "{}"},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": f"c{turn}", "content": "x" * 50},
+        ]
+    state = state_with(history)
+    shown = window(state.history, state)
+    assert shown[0] == {"role": "system", "content": "s"}
+    assert [m["content"] for m in shown if m["role"] == "user"] == ["u2", "u3"]
+    assert shown[1]["role"] == "user"
+    assert all(m["content"] == "x" * 10 + " …(cut)" for m in shown if m["role"] == "tool")
+    assert state.history[-1]["content"] == "x" * 50
+
+
+@pytest.mark.anyio
+async def test_run_in_small_model_mode_sends_a_window_and_logs_everything() -> None:
+    chat = ScriptedChat(
+        [tool_response(("web_search", {"q": str(i)})) for i in range(3)]
+        + [text_response("found it")]
+    )
+
+    async def search(q: str) -> str:
+        return f"result {q} " * 5
+
+    result = await run(SPEC, "search three times", chat, tools={"web_search": search}, guards=ON)
+    assert result.text == "found it"
+    last_sent = chat.requests[-1]["messages"]
+    assert last_sent[-1]["content"].startswith("My request: search three times")
+    assert any(m["content"].endswith("…(cut)") for m in last_sent if m["role"] == "tool")
+    full = [m for m in result.transcript if m["role"] == "tool"]
+    assert all(not m["content"].endswith("…(cut)") for m in full)
+    assert len(last_sent) < len(result.transcript)

@@ -56,7 +56,7 @@ def error_tool(text: str) -> dict[str, Any]:
 
 
 def test_reattached_transcript_ending_on_a_tool_result_resumes_with_next_step() -> None:
-    history = [
+    history: list[dict[str, Any]] = [
         {"role": "system", "content": "s"},
         {"role": "user", "content": "q"},
         {"role": "assistant", "content": None, "tool_calls": []},
@@ -116,7 +116,7 @@ def test_a_plain_answer_is_left_alone() -> None:
 
 
 def test_window_keeps_system_and_last_turns_from_a_user_turn_and_cuts_results() -> None:
-    history = [{"role": "system", "content": "s"}]
+    history: list[dict[str, Any]] = [{"role": "system", "content": "s"}]
     for turn in range(4):
         history += [
             {"role": "user", "content": f"u{turn}"},

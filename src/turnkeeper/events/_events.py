@@ -95,6 +95,18 @@ class ToolReturned(Event, frozen=True, tag="local.tool_result"):
     is_error: bool = False
 
 
+class McpFailed(Event, frozen=True, tag="local.mcp_error"):
+    """An MCP server failed: it could not start (`start_failed`), went away (`died`), did not
+    answer a call in time (`timeout`) or broke the protocol (`error`). A failed call names
+    its tool and call id; the model gets the error as that call's result."""
+
+    server: str
+    reason: str
+    error: str
+    tool: str | None = None
+    tool_call_id: str | None = None
+
+
 class Halted(Event, frozen=True, tag="local.halted"):
     """A guard or the runner stopped the episode. `message` is what the user is told."""
 
@@ -134,6 +146,7 @@ AnyEvent = (
     | ChatFailed
     | ToolCalled
     | ToolReturned
+    | McpFailed
     | Halted
     | TerminalToolCalled
     | Cancelled

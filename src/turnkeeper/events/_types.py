@@ -41,6 +41,9 @@ class ToolSpec(msgspec.Struct, frozen=True):
         default_factory=lambda: {"type": "object", "properties": {}}
     )
     repeatable: bool = False
+    mcp_server: str | None = None
+    """The MCP server (by name, one of the spec's `mcp_servers`) that serves this tool;
+    None for a tool run in-process or by the orchestrator."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _TOOL_NAME.match(self.name):
@@ -62,8 +65,62 @@ class ToolSpec(msgspec.Struct, frozen=True):
         }
 
 
+class McpServer(msgspec.Struct, frozen=True):
+    """An MCP server whose tools a session may call: a `command` started with `args` and
+    `env` and spoken to over stdio, or a streamable HTTP `url` sent `headers`. Values in
+    `env` and `headers` may name variables of the host's environment as `${NAME}`, filled
+    in when connecting, so secrets stay out of logged specs. `tool_prefix` is put before
+    each of its tool names (to tell servers with same-named tools apart); `timeout` bounds
+    start-up and each call, in seconds."""
+
+    name: str
+    command: str | None = None
+    args: tuple[str, ...] = ()
+    env: dict[str, str] = msgspec.field(default_factory=dict)
+    url: str | None = None
+    headers: dict[str, str] = msgspec.field(default_factory=dict)
+    tool_prefix: str = ""
+    timeout: float = 60.0
+
+    def __post_init__(self) -> None:
+        where = f"McpServer {self.name!r}"
+        if not isinstance(self.name, str) or not _TOOL_NAME.match(self.name):
+            raise InputError(
+                f"McpServer.name: {self.name!r} must be 1 to 64 letters, digits, '_', '.' or '-'"
+            )
+        if (self.command is None) == (self.url is None):
+            raise InputError(f"{where}: give either a command (stdio) or a url (streamable HTTP)")
+        if self.command is not None and (not isinstance(self.command, str) or not self.command):
+            raise InputError(f"{where}: command must be a non-empty string")
+        if self.url is not None and (
+            not isinstance(self.url, str) or not self.url.startswith(("http://", "https://"))
+        ):
+            raise InputError(f"{where}: url must start with http:// or https://, got {self.url!r}")
+        args: object = self.args
+        if not isinstance(args, list | tuple) or not all(isinstance(arg, str) for arg in args):
+            raise InputError(f"{where}: args must be a list of strings")
+        msgspec.structs.force_setattr(self, "args", tuple(self.args))
+        for field in ("env", "headers"):
+            value = getattr(self, field)
+            if not isinstance(value, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+            ):
+                raise InputError(f"{where}: {field} must map strings to strings")
+        if self.tool_prefix and not _TOOL_NAME.match(self.tool_prefix):
+            raise InputError(
+                f"{where}: tool_prefix {self.tool_prefix!r} may hold only letters, digits, "
+                "'_', '.' or '-'"
+            )
+        if isinstance(self.timeout, bool) or not isinstance(self.timeout, int | float):
+            raise InputError(f"{where}: timeout must be a number of seconds")
+        if not self.timeout > 0:
+            raise InputError(f"{where}: timeout must be more than 0 seconds, got {self.timeout}")
+
+
 class AgentSpec(msgspec.Struct, frozen=True):
-    """What an agent is: its system prompt, tools, terminal tool, model and sampling params."""
+    """What an agent is: its system prompt, tools, terminal tool, model and sampling params,
+    and the MCP servers whose tools it may call (listed when a session opens, then added to
+    `tools` with their `mcp_server` set)."""
 
     system_prompt: str = ""
     tools: tuple[ToolSpec, ...] = ()
@@ -74,10 +131,23 @@ class AgentSpec(msgspec.Struct, frozen=True):
     max_tokens: int | None = None
     seed: int | None = None
     stop: tuple[str, ...] | None = None
+    mcp_servers: tuple[McpServer, ...] = ()
 
     def __post_init__(self) -> None:
         tools = tuple(self.tools)
         msgspec.structs.force_setattr(self, "tools", tools)
+        servers = tuple(self.mcp_servers)
+        msgspec.structs.force_setattr(self, "mcp_servers", servers)
+        server_names = [server.name for server in servers]
+        for server in servers:
+            if server_names.count(server.name) > 1:
+                raise InputError(f"AgentSpec.mcp_servers: server {server.name!r} is listed twice")
+        for tool in tools:
+            if tool.mcp_server is not None and tool.mcp_server not in server_names:
+                raise InputError(
+                    f"AgentSpec.tools: tool {tool.name!r} names MCP server {tool.mcp_server!r}, "
+                    "which is not one of the spec's mcp_servers"
+                )
         if self.stop is not None:
             msgspec.structs.force_setattr(self, "stop", tuple(self.stop))
         names = [tool.name for tool in tools]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AsyncExitStack
 from typing import Any
 
 import anyio
@@ -34,7 +35,7 @@ from turnkeeper.guards._builtin import with_last_result
 from turnkeeper.sessions._inputs import Input, Kickoff, Resume
 from turnkeeper.sessions._normalize import Terminal, TurnResult, normalize
 from turnkeeper.sessions._open import open_session
-from turnkeeper.sessions._poll import Chat, emit, poll_turn
+from turnkeeper.sessions._poll import Chat, emit, opened_event, poll_turn
 from turnkeeper.tools._handlers import (
     ToolContext,
     ToolHandler,
@@ -43,6 +44,8 @@ from turnkeeper.tools._handlers import (
     check_call,
     run_tool,
 )
+from turnkeeper.tools._mcp import McpPool, McpTools
+from turnkeeper.tracing._hooks import AgentSpan, agent_span, tool_span, traced_chat
 
 TurnGuard = Callable[[Usage, int], str | None]
 """Called after each model call with the run's usage and model calls so far; a returned
@@ -79,9 +82,12 @@ class _Runner:
         self.events: list[Envelope] = []
         self.on_event = on_event
         self.clock = clock
+        self.span: AgentSpan | None = None
 
     async def record(self, events: Sequence[Envelope]) -> None:
         self.events.extend(events)
+        if self.span is not None:
+            self.span.record(events)
         if self.on_event is not None:
             for envelope in events:
                 outcome = self.on_event(envelope)
@@ -96,7 +102,8 @@ class _Runner:
         self,
         spec: AgentSpec,
         uses: tuple[ToolUse, ...],
-        handler: ToolHandler,
+        handler: ToolHandler | None,
+        mcp_tools: McpTools | None,
         concurrency: int,
         timeout: float | None,
     ) -> tuple[ToolResult, ...]:
@@ -104,14 +111,23 @@ class _Runner:
         limiter = anyio.CapacityLimiter(concurrency)
 
         async def one(use: ToolUse) -> None:
-            refusal = check_call(spec, use)
+            refusal = check_call(spec, use) if mcp_tools is None else mcp_tools.refusal(use)
             if refusal is not None:
                 results[use.id] = ToolResult(use.id, refusal, is_error=True)
                 return
             async with limiter:
                 await self.emit(ToolCalled(tool_call_id=use.id, name=use.name, input=use.input))
                 ctx = ToolContext(self.state.session_id, use.id, use.name)
-                result = await run_tool(handler, use, ctx, timeout=timeout)
+                with tool_span(use, spec.tool(use.name)) as span:
+                    failure = None
+                    if mcp_tools is not None and mcp_tools.serves(use.name):
+                        result, failure = await mcp_tools.call(use, ctx, timeout=timeout)
+                        if failure is not None:
+                            await self.emit(failure)
+                    else:
+                        assert handler is not None
+                        result = await run_tool(handler, use, ctx, timeout=timeout)
+                    span.result(result, failure)
                 await self.emit(
                     ToolReturned(tool_call_id=use.id, text=result.text, is_error=result.is_error)
                 )
@@ -142,6 +158,7 @@ async def run(
     tool_concurrency: int = 8,
     tool_timeout: float | None = None,
     clock: Callable[[], float] = time.time,
+    mcp: McpPool | None = None,
 ) -> RunResult:
     """Run a session until the model answers, calls the terminal tool, a guard halts it,
     `max_turns` is spent, `timeout` seconds pass, or it needs tools it was not given.
@@ -151,6 +168,11 @@ async def run(
     `tool_concurrency` at a time and their results go back in call order. A handler
     that raises becomes an error result for the model. With `history` (a transcript
     from a previous run) the session continues it; `prompt` may then be None.
+
+    The tools of the spec's `mcp_servers` are listed when the session opens and called
+    through the protocol, on the connections of `mcp` (a pool shared with other
+    sessions) or of a pool of the run's own. Without `tools`, the run still calls them,
+    and stops for results from outside only when another tool is called.
     """
     config = guards if guards is not None else GuardConfig()
     if require_terminal_tool or max_reprompts != 2:
@@ -161,68 +183,86 @@ async def run(
     if tool_concurrency < 1:
         raise InputError(f"tool_concurrency: expected at least 1, got {tool_concurrency}")
     handler = as_handler(tools) if tools is not None else None
-    state = open_session(
-        spec, session_id=session_id, history=history, max_turns=max_turns, guards=config
-    )
-    runner = _Runner(state, on_event, clock)
-    turns = 0
-    turn: TurnResult | None = None
-    next_input: Input | None
-    if prompt is not None:
-        next_input = Kickoff(prompt)
-    elif state.status == "running":
-        next_input = Resume()
-    elif state.status == "requires_action":
-        next_input = None
-    else:
-        raise InputError("prompt: nothing to continue in the history; give a prompt")
-    pending = state.pending
-    with anyio.move_on_after(timeout) as scope:
-        while True:
-            if next_input is None:
-                if handler is None:
-                    break
-                results = await runner.run_tools(
-                    spec, pending, handler, tool_concurrency, tool_timeout
-                )
-                next_input = Resume(pending, results)
-            try:
-                events, runner.state = await poll_turn(
-                    runner.state, next_input, chat, guard=guard, clock=clock
-                )
-            except ChatError as error:
-                await runner.record(error.events)
-                runner.state = fold(runner.state, error.events)
-                lead = f"The model failed: {error.message}"
-                message = with_last_result(runner.state, lead)
-                await runner.emit(Halted(guard="runner", reason="chat_error", message=message))
-                turn = None
-                break
-            await runner.record(events)
-            turn = normalize(events)
-            turns += sum(isinstance(envelope.event, ModelResponded) for envelope in events)
-            if turn.terminal != "requires_action":
-                break
-            if turn_guard is not None:
-                verdict = turn_guard(runner.state.usage, turns)
-                if verdict is not None:
-                    await runner.emit(
-                        Halted(guard="turn_guard", reason="turn_guard", message=verdict)
+    async with AsyncExitStack() as stack:
+        mcp_tools: McpTools | None = None
+        if isinstance(spec, AgentSpec) and spec.mcp_servers:
+            pool = mcp if mcp is not None else await stack.enter_async_context(McpPool())
+            mcp_tools = await pool.open(spec)
+            spec = mcp_tools.spec
+        state = open_session(
+            spec, session_id=session_id, history=history, max_turns=max_turns, guards=config
+        )
+        runner = _Runner(state, on_event, clock)
+        runner.span = stack.enter_context(agent_span(state, prompt=prompt))
+        traced = traced_chat(chat)
+        if mcp_tools is not None and mcp_tools.events:
+            # Start-up failures are logged after the session's opening event.
+            await runner.emit(opened_event(state))
+            for failure in mcp_tools.events:
+                await runner.emit(failure)
+        turns = 0
+        turn: TurnResult | None = None
+        next_input: Input | None
+        if prompt is not None:
+            next_input = Kickoff(prompt)
+        elif state.status == "running":
+            next_input = Resume()
+        elif state.status == "requires_action":
+            next_input = None
+        else:
+            raise InputError("prompt: nothing to continue in the history; give a prompt")
+        pending = state.pending
+        with anyio.move_on_after(timeout) as scope:
+            while True:
+                if next_input is None:
+                    if handler is None and (
+                        mcp_tools is None or not all(mcp_tools.serves(u.name) for u in pending)
+                    ):
+                        break
+                    results = await runner.run_tools(
+                        spec, pending, handler, mcp_tools, tool_concurrency, tool_timeout
                     )
+                    next_input = Resume(pending, results)
+                try:
+                    events, runner.state = await poll_turn(
+                        runner.state, next_input, traced, guard=guard, clock=clock
+                    )
+                except ChatError as error:
+                    await runner.record(error.events)
+                    runner.state = fold(runner.state, error.events)
+                    lead = f"The model failed: {error.message}"
+                    message = with_last_result(runner.state, lead)
+                    await runner.emit(Halted(guard="runner", reason="chat_error", message=message))
                     turn = None
                     break
-            pending = turn.tool_uses
-            next_input = None if pending else Resume()
-    if scope.cancelled_caught:
-        lead = f"I stopped because the run took longer than its {timeout:g} s timeout."
-        with anyio.CancelScope(shield=True):
-            await runner.emit(
-                Halted(
-                    guard="runner", reason="timeout", message=with_last_result(runner.state, lead)
+                await runner.record(events)
+                turn = normalize(events)
+                turns += sum(isinstance(envelope.event, ModelResponded) for envelope in events)
+                if turn.terminal != "requires_action":
+                    break
+                if turn_guard is not None:
+                    verdict = turn_guard(runner.state.usage, turns)
+                    if verdict is not None:
+                        await runner.emit(
+                            Halted(guard="turn_guard", reason="turn_guard", message=verdict)
+                        )
+                        turn = None
+                        break
+                pending = turn.tool_uses
+                next_input = None if pending else Resume()
+        if scope.cancelled_caught:
+            lead = f"I stopped because the run took longer than its {timeout:g} s timeout."
+            with anyio.CancelScope(shield=True):
+                await runner.emit(
+                    Halted(
+                        guard="runner",
+                        reason="timeout",
+                        message=with_last_result(runner.state, lead),
+                    )
                 )
-            )
-        turn = None
-    return _result(runner, turn, turns)
+            turn = None
+        runner.span.finish(runner.state)
+        return _result(runner, turn, turns)
 
 
 def _result(runner: _Runner, turn: TurnResult | None, turns: int) -> RunResult:

@@ -1,0 +1,137 @@
+"""Where sessions open spans. Without `configure` every hook is a no-op that never imports
+OpenTelemetry; with it, the hooks hand over to the tracer in `_otel`."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any, Protocol
+
+from turnkeeper.events import Envelope, SessionState, ToolResult, ToolSpec, ToolUse
+from turnkeeper.events._events import McpFailed
+
+Chat = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+
+
+class AgentSpan(Protocol):
+    """The span of one session request (`invoke_agent`)."""
+
+    def record(self, events: Sequence[Envelope]) -> None:
+        """Add the guard directives, halts, duplicate calls, retries and MCP failures among
+        `events` as span events."""
+
+    def finish(self, state: SessionState) -> None:
+        """Set what the request ended with: usage, stop reason, and errors."""
+
+
+class ChatSpan(Protocol):
+    """The span of one model call (`chat`)."""
+
+    def response(self, response: dict[str, Any]) -> None:
+        """Set the response model, id, finish reasons and token usage."""
+
+
+class ToolSpan(Protocol):
+    """The span of one tool call (`execute_tool`)."""
+
+    def result(self, result: ToolResult, failure: McpFailed | None = None) -> None:
+        """Set the call's outcome; an error result marks the span as failed."""
+
+
+class Tracer(Protocol):
+    """What `configure` installs: a factory of the three kinds of spans."""
+
+    def agent_span(
+        self, state: SessionState, prompt: str | None, parent: object | None
+    ) -> AbstractContextManager[AgentSpan]: ...
+
+    def chat_span(self, request: dict[str, Any]) -> AbstractContextManager[ChatSpan]: ...
+
+    def tool_span(
+        self, use: ToolUse, tool: ToolSpec | None
+    ) -> AbstractContextManager[ToolSpan]: ...
+
+    def capture_context(self) -> object: ...
+
+
+class _NoSpan:
+    """Every span when tracing is off: it records nothing."""
+
+    def record(self, events: Sequence[Envelope]) -> None:
+        pass
+
+    def finish(self, state: SessionState) -> None:
+        pass
+
+    def response(self, response: dict[str, Any]) -> None:
+        pass
+
+    def result(self, result: ToolResult, failure: McpFailed | None = None) -> None:
+        pass
+
+
+_NO_SPAN = _NoSpan()
+
+
+class _Active:
+    """The installed tracer, or None while tracing is off."""
+
+    tracer: Tracer | None = None
+
+
+def install(tracer: Tracer | None) -> None:
+    """Make `tracer` the one every hook uses (None turns tracing off)."""
+    _Active.tracer = tracer
+
+
+def enabled() -> bool:
+    """Whether tracing is configured."""
+    return _Active.tracer is not None
+
+
+@contextmanager
+def agent_span(
+    state: SessionState, *, prompt: str | None = None, parent: object | None = None
+) -> Iterator[AgentSpan]:
+    """A span around one session request, from a user message (`prompt`) or a resume to
+    the end of the turn. `parent` is a context from `capture_context`, for a request taken
+    from another task; by default the span is a child of the current one."""
+    tracer = _Active.tracer
+    if tracer is None:
+        yield _NO_SPAN
+        return
+    with tracer.agent_span(state, prompt, parent) as span:
+        yield span
+
+
+def traced_chat(chat: Chat) -> Chat:
+    """`chat`, with a span around each call while tracing is on."""
+
+    async def traced(request: dict[str, Any]) -> dict[str, Any]:
+        tracer = _Active.tracer
+        if tracer is None:
+            return await chat(request)
+        with tracer.chat_span(request) as span:
+            response = await chat(request)
+            span.response(response)
+            return response
+
+    return traced
+
+
+@contextmanager
+def tool_span(use: ToolUse, tool: ToolSpec | None) -> Iterator[ToolSpan]:
+    """A span around one tool call; `tool` is its spec, when the session has one."""
+    tracer = _Active.tracer
+    if tracer is None:
+        yield _NO_SPAN
+        return
+    with tracer.tool_span(use, tool) as span:
+        yield span
+
+
+def capture_context() -> object | None:
+    """The current trace context, to pass as `parent` to a span opened in another task
+    (None while tracing is off)."""
+    tracer = _Active.tracer
+    return None if tracer is None else tracer.capture_context()

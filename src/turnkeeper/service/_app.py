@@ -1,0 +1,372 @@
+"""The Starlette app: JSON endpoints under /v1 over a running Host."""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from contextlib import aclosing
+from typing import TypeVar
+
+import anyio
+import msgspec
+import structlog
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from turnkeeper.events import InputError, LogError
+from turnkeeper.service._auth import BearerAuth, check_token
+from turnkeeper.service._errors import ApiError, error_response, validation_error
+from turnkeeper.service._limits import DEFAULT_LIMITS, Limits
+from turnkeeper.service._longpoll import events_or_stop, unless_stopping
+from turnkeeper.service._metrics import CONTENT_TYPE, render_metrics
+from turnkeeper.service._openapi import openapi_document
+from turnkeeper.service._schemas import (
+    Created,
+    CreateSession,
+    EventPage,
+    Health,
+    PostMessage,
+    PostToolResults,
+    SessionPage,
+)
+from turnkeeper.service._sse import event_stream
+from turnkeeper.sessions import Busy, Host, HostStopped, UnknownSession
+
+_S = TypeVar("_S", bound=msgspec.Struct)
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+HEALTH_PATH = "/v1/healthz"
+_JSON = "application/json"
+_FIELD_PREFIX = re.compile(r"^(?P<field>[A-Za-z_][\w.\[\]]*): ")
+_DEFAULT_PAGE = 100
+_BUSY_RETRY_SECONDS = 1
+
+_log = structlog.wrap_logger(
+    logging.getLogger("turnkeeper.service"),
+    wrapper_class=structlog.stdlib.BoundLogger,
+    processors=[
+        structlog.processors.TimeStamper(fmt="iso"),
+        structlog.processors.format_exc_info,
+        structlog.processors.JSONRenderer(),
+    ],
+)
+
+
+def create_app(
+    host: Host,
+    *,
+    token: str,
+    limits: Limits = DEFAULT_LIMITS,
+    ping_seconds: float = 15.0,
+    stopping: anyio.Event | None = None,
+) -> Starlette:
+    """The HTTP API over `host` (which must be running): every route but /v1/healthz
+    needs `Authorization: Bearer <token>`. Setting `stopping` ends long-polls and event
+    streams at once and turns health to 503, so a server can shut down without waiting
+    on them. Call it inside the event loop that runs `host`."""
+    check_token(token)
+    if not isinstance(limits, Limits):
+        raise InputError(f"limits: expected Limits, got {type(limits).__name__}")
+    if not isinstance(ping_seconds, int | float) or not ping_seconds > 0:
+        raise InputError(f"ping_seconds: expected a number > 0, got {ping_seconds!r}")
+    api = _Api(host, limits, ping_seconds, stopping if stopping is not None else anyio.Event())
+    sessions = "/v1/sessions"
+    one = sessions + "/{session_id}"
+    routes = [
+        Route(sessions, _guarded(api.create), methods=["POST"]),
+        Route(sessions, _guarded(api.list), methods=["GET"]),
+        Route(one, _guarded(api.get), methods=["GET"]),
+        Route(one + "/messages", _guarded(api.message), methods=["POST"]),
+        Route(one + "/tool_results", _guarded(api.tool_results), methods=["POST"]),
+        Route(one + "/cancel", _guarded(api.cancel), methods=["POST"]),
+        Route(one + "/events", _guarded(api.events), methods=["GET"]),
+        Route(one + "/events/stream", _guarded(api.stream), methods=["GET"]),
+        Route(HEALTH_PATH, _guarded(api.health), methods=["GET"]),
+        Route("/v1/metrics", _guarded(api.metrics), methods=["GET"]),
+        Route("/v1/openapi.json", _guarded(api.openapi), methods=["GET"]),
+    ]
+    return Starlette(
+        routes=routes,
+        middleware=[Middleware(BearerAuth, token=token, public=frozenset({HEALTH_PATH}))],
+        exception_handlers={HTTPException: _http_error},
+    )
+
+
+class _Api:
+    """The endpoints, over one host."""
+
+    def __init__(
+        self, host: Host, limits: Limits, ping_seconds: float, stopping: anyio.Event
+    ) -> None:
+        self.host = host
+        self.limits = limits
+        self.ping_seconds = ping_seconds
+        self.stopping = stopping
+        self.document = msgspec.json.encode(openapi_document(limits))
+
+    async def create(self, request: Request) -> Response:
+        body = await self._read(request, CreateSession)
+        if body.prompt is not None:
+            self._check_text("prompt", body.prompt, self.limits.max_text_chars)
+        if body.history is not None and len(body.history) > self.limits.max_history_messages:
+            raise ApiError(
+                422,
+                f"history: {len(body.history)} messages, more than the limit of "
+                f"{self.limits.max_history_messages}",
+                "history",
+            )
+        if body.session_id is not None and await self._exists(body.session_id):
+            raise ApiError(409, f"session {body.session_id} already exists", "session_id")
+        try:
+            session_id = await self.host.start(
+                body.spec,
+                body.prompt,
+                session_id=body.session_id,
+                max_turns=body.max_turns,
+                guards=body.guards,
+                history=body.history,
+            )
+        except InputError as exc:
+            field = _field_named(str(exc))
+            raise ApiError(409 if field == "session_id" else 422, str(exc), field) from None
+        return _json(Created(session_id), 201)
+
+    async def list(self, request: Request) -> Response:
+        limit = _int_param(request, "limit", _DEFAULT_PAGE, 1, self.limits.max_page)
+        cursor = request.query_params.get("cursor")
+        ids = await self.host.sessions()
+        start = 0
+        if cursor is not None:
+            try:
+                start = ids.index(cursor) + 1
+            except ValueError:
+                raise ApiError(
+                    422, f"cursor: {cursor!r} is not the next_cursor of a page", "cursor"
+                ) from None
+        page = ids[start : start + limit]
+        infos = []
+        for session_id in page:
+            try:
+                infos.append(await self.host.status(session_id))
+            except UnknownSession:
+                continue  # in the log, but it cannot be rebuilt; the host has logged why
+        more = start + limit < len(ids)
+        return _json(SessionPage(infos, page[-1] if more and page else None))
+
+    async def get(self, request: Request) -> Response:
+        session_id = request.path_params["session_id"]
+        wait = self._wait(request)
+        info = await self.host.status(session_id)
+        if wait > 0 and info.status == "running":
+            settled = await unless_stopping(
+                self.stopping, lambda: self.host.result(session_id, wait=wait)
+            )
+            info = settled or await self.host.status(session_id)
+        return _json(info)
+
+    async def message(self, request: Request) -> Response:
+        session_id = request.path_params["session_id"]
+        body = await self._read(request, PostMessage)
+        self._check_text("text", body.text, self.limits.max_text_chars)
+        await self.host.send(session_id, body.text)
+        return _json(await self.host.status(session_id), 202)
+
+    async def tool_results(self, request: Request) -> Response:
+        session_id = request.path_params["session_id"]
+        body = await self._read(request, PostToolResults)
+        for index, result in enumerate(body.results):
+            self._check_text(
+                f"results[{index}].text", result.text, self.limits.max_tool_result_chars
+            )
+        info = await self.host.status(session_id)
+        if info.status != "requires_action":
+            raise ApiError(
+                409, f"session {session_id} is {info.status}, not waiting for tool results"
+            )
+        try:
+            await self.host.submit_tool_results(session_id, body.results)
+        except InputError as exc:
+            raise ApiError(422, str(exc), "results") from None
+        return _json(await self.host.status(session_id), 202)
+
+    async def cancel(self, request: Request) -> Response:
+        session_id = request.path_params["session_id"]
+        await self.host.cancel(session_id)
+        return _json(await self.host.status(session_id))
+
+    async def events(self, request: Request) -> Response:
+        session_id = request.path_params["session_id"]
+        after = _int_param(request, "after", 0, 0)
+        wait = self._wait(request)
+        limit = _int_param(request, "limit", _DEFAULT_PAGE, 1, self.limits.max_page)
+        found = await events_or_stop(
+            self.host, session_id, after=after, wait=wait, stopping=self.stopping
+        )
+        page = found[:limit]
+        return _json(EventPage(page, page[-1].seq if page else after))
+
+    async def stream(self, request: Request) -> Response:
+        session_id = request.path_params["session_id"]
+        after = _int_param(request, "after", 0, 0)
+        last = request.headers.get("last-event-id")
+        if last is not None:
+            after = _parse_int("Last-Event-ID", last.strip(), 0)
+        await self.host.status(session_id)
+        return StreamingResponse(
+            event_stream(
+                self.host,
+                session_id,
+                after=after,
+                ping_seconds=self.ping_seconds,
+                stopping=self.stopping,
+            ),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+
+    async def health(self, request: Request) -> Response:
+        if self.stopping.is_set():
+            return _json(Health("stopping"), 503)
+        return _json(Health("ok"))
+
+    async def metrics(self, request: Request) -> Response:
+        statuses: Counter[str] = Counter()
+        for session_id in await self.host.sessions():
+            try:
+                statuses[(await self.host.status(session_id)).status] += 1
+            except UnknownSession:
+                continue
+        text = render_metrics(statuses, self.host.counters, self.host.append_seconds)
+        return Response(text, media_type=CONTENT_TYPE)
+
+    async def openapi(self, request: Request) -> Response:
+        return Response(self.document, media_type=_JSON)
+
+    # -- reading requests -------------------------------------------------------------------
+
+    async def _read(self, request: Request, kind: type[_S]) -> _S:
+        """The body decoded as `kind`: JSON, within the size limit, read no further than it."""
+        content_type = request.headers.get("content-type")
+        media = (content_type or "").partition(";")[0].strip().lower()
+        if media != _JSON:
+            raise ApiError(
+                415, f"Content-Type: expected {_JSON}, got {content_type!r}", "Content-Type"
+            )
+        limit = self.limits.max_body_bytes
+        too_large = ApiError(413, f"body: larger than the limit of {limit} bytes", "body")
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > limit:
+            raise too_large
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            # Closed explicitly: a stream left mid-body would be finalized by the GC.
+            async with aclosing(request.stream()) as stream:
+                async for chunk in stream:
+                    size += len(chunk)
+                    if size > limit:
+                        raise too_large
+                    chunks.append(chunk)
+        except ClientDisconnect:
+            raise ApiError(400, "body: the client went away while sending it", "body") from None
+        try:
+            return msgspec.json.decode(b"".join(chunks), type=kind)
+        except msgspec.ValidationError as exc:
+            raise validation_error(exc) from None
+        except msgspec.DecodeError as exc:
+            raise ApiError(400, f"body: not valid JSON ({exc})", "body") from None
+        except RecursionError:
+            raise ApiError(400, "body: the JSON nests too deeply", "body") from None
+
+    def _check_text(self, field: str, text: str, limit: int) -> None:
+        if len(text) > limit:
+            raise ApiError(
+                422, f"{field}: {len(text)} characters, more than the limit of {limit}", field
+            )
+
+    def _wait(self, request: Request) -> float:
+        raw = request.query_params.get("wait")
+        if raw is None:
+            return 0.0
+        try:
+            wait = float(raw)
+        except ValueError:
+            wait = math.nan
+        if not math.isfinite(wait) or wait < 0:
+            raise ApiError(422, f"wait: expected a number of seconds >= 0, got {raw!r}", "wait")
+        return min(wait, self.limits.max_wait_seconds)
+
+    async def _exists(self, session_id: str) -> bool:
+        try:
+            await self.host.status(session_id)
+        except UnknownSession:
+            return False
+        return True
+
+
+def _guarded(endpoint: Endpoint) -> Endpoint:
+    """`endpoint` with every failure turned into a JSON error response (never a traceback)."""
+
+    async def guarded(request: Request) -> Response:
+        try:
+            return await endpoint(request)
+        except ApiError as exc:
+            return exc.response()
+        except UnknownSession as exc:
+            return error_response(404, str(exc), "session_id")
+        except Busy as exc:
+            return error_response(429, str(exc), None, {"Retry-After": str(_BUSY_RETRY_SECONDS)})
+        except HostStopped as exc:
+            return error_response(503, str(exc))
+        except InputError as exc:
+            return error_response(409, str(exc))
+        except LogError as exc:
+            _log.error("request.log_error", path=request.url.path, error=str(exc))
+            return error_response(503, f"the event log failed: {exc}")
+        except Exception:
+            _log.error("request.failed", path=request.url.path, exc_info=True)
+            return error_response(500, "internal error; the server log has the details")
+
+    return guarded
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    """Routing errors (no such route, method not allowed) as JSON errors."""
+    assert isinstance(exc, HTTPException)
+    return error_response(exc.status_code, exc.detail, None, exc.headers)
+
+
+def _json(body: msgspec.Struct, status: int = 200) -> Response:
+    return Response(msgspec.json.encode(body), status_code=status, media_type=_JSON)
+
+
+def _int_param(
+    request: Request, name: str, default: int, minimum: int, maximum: int | None = None
+) -> int:
+    raw = request.query_params.get(name)
+    return default if raw is None else _parse_int(name, raw, minimum, maximum)
+
+
+def _parse_int(name: str, raw: str, minimum: int, maximum: int | None = None) -> int:
+    """`raw` as an int in [minimum, maximum], or a 422 naming `name`."""
+    bounds = f">= {minimum}" if maximum is None else f"from {minimum} to {maximum}"
+    problem = ApiError(422, f"{name}: expected an integer {bounds}, got {raw!r}", name)
+    if not raw.isascii() or not raw.isdigit() or len(raw) > 18:
+        raise problem
+    value = int(raw)
+    if value < minimum or (maximum is not None and value > maximum):
+        raise problem
+    return value
+
+
+def _field_named(message: str) -> str | None:
+    """The field an InputError message starts with (`history[0].role: ...`), if any."""
+    found = _FIELD_PREFIX.match(message)
+    return found["field"] if found else None

@@ -1,0 +1,67 @@
+"""Prometheus text exposition (format 0.0.4) of the host's sessions and counters."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import get_args
+
+from turnkeeper.sessions import HostStatus
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+STATUSES: tuple[str, ...] = get_args(HostStatus)
+
+COUNTERS: tuple[tuple[str, str], ...] = (
+    ("model_calls", "Model calls made."),
+    ("chat_retries", "Model calls retried after a transient failure."),
+    ("chat_errors", "Model calls that failed after their retries."),
+    ("guard_halts", "Sessions stopped by a loop guard."),
+    ("tool_errors", "Tool calls that ended in an error result."),
+    ("session_crashes", "Session tasks that crashed and were restarted or failed."),
+)
+
+QUANTILES = (0.5, 0.9, 0.99)
+
+
+def render_metrics(
+    statuses: Mapping[str, int], counters: Mapping[str, int], append_seconds: Sequence[float]
+) -> str:
+    """The exposition: sessions by status, each counter as `turnkeeper_<name>_total`, and
+    log append latency quantiles over `append_seconds` (the host's recent appends)."""
+    lines = [
+        "# HELP turnkeeper_sessions Sessions by status.",
+        "# TYPE turnkeeper_sessions gauge",
+    ]
+    lines.extend(
+        f'turnkeeper_sessions{{status="{status}"}} {statuses.get(status, 0)}' for status in STATUSES
+    )
+    for name, help_text in COUNTERS:
+        metric = f"turnkeeper_{name}_total"
+        lines += [
+            f"# HELP {metric} {help_text}",
+            f"# TYPE {metric} counter",
+            f"{metric} {counters.get(name, 0)}",
+        ]
+    lines += [
+        "# HELP turnkeeper_log_append_seconds Event log append latency over recent appends.",
+        "# TYPE turnkeeper_log_append_seconds summary",
+    ]
+    ordered = sorted(append_seconds)
+    lines.extend(
+        f'turnkeeper_log_append_seconds{{quantile="{q}"}} {_number(quantile(ordered, q))}'
+        for q in QUANTILES
+    )
+    return "\n".join(lines) + "\n"
+
+
+def quantile(ordered: Sequence[float], q: float) -> float:
+    """The nearest-rank `q` quantile of sorted values; NaN when there are none."""
+    if not ordered:
+        return math.nan
+    rank = max(1, math.ceil(q * len(ordered)))
+    return ordered[rank - 1]
+
+
+def _number(value: float) -> str:
+    return "NaN" if math.isnan(value) else repr(float(value))

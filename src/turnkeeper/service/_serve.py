@@ -1,0 +1,148 @@
+"""`serve`: the HTTP API and a Host in one trio task tree, served by hypercorn."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+from collections.abc import Callable
+from functools import partial
+from typing import cast
+
+import anyio
+import msgspec
+import structlog
+import trio
+from hypercorn.config import Config, Sockets
+from hypercorn.trio.run import worker_serve
+from hypercorn.typing import ASGIFramework
+from hypercorn.utils import wrap_app
+
+from turnkeeper.events import InputError, SqliteLog
+from turnkeeper.service._app import create_app
+from turnkeeper.service._auth import resolve_token
+from turnkeeper.service._limits import DEFAULT_LIMITS, Limits
+from turnkeeper.sessions import Chat, Host
+from turnkeeper.tools._handlers import Tools
+
+# Orchestrators open many connections at once; hypercorn's default backlog is 100.
+_BACKLOG = 1024
+
+_log = structlog.wrap_logger(
+    logging.getLogger("turnkeeper.service"),
+    wrapper_class=structlog.stdlib.BoundLogger,
+    processors=[
+        structlog.processors.TimeStamper(fmt="iso"),
+        structlog.processors.JSONRenderer(),
+    ],
+)
+
+
+class Listening(msgspec.Struct, frozen=True):
+    """Where the service listens (the bound port, when 0 was asked for) and its token."""
+
+    url: str
+    host: str
+    port: int
+    token: str
+
+
+async def serve(
+    *,
+    chat: Chat,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    log_path: str | os.PathLike[str] = "turnkeeper.sqlite",
+    tools: Tools | None = None,
+    token: str | None = None,
+    limits: Limits = DEFAULT_LIMITS,
+    ping_seconds: float = 15.0,
+    ready: Callable[[Listening], object] | None = None,
+) -> None:
+    """Serve the HTTP API on `host`:`port` until SIGINT or SIGTERM, with sessions run by
+    a Host on `chat` and `tools` and logged to the SQLite file `log_path` (unfinished
+    sessions in it resume). Run it under trio: `anyio.run(partial(serve, ...), backend="trio")`.
+
+    `token` defaults to the TURNKEEPER_TOKEN environment variable, else a new random
+    one; `ready` is called with the bound address and the token once requests are taken.
+    On the first signal: stop taking connections, end long-polls and event streams,
+    finish requests in flight, stop the Host gracefully and close the log; a second
+    signal cancels what is left. Raises InputError if it cannot listen there, LogError
+    if the log cannot be opened.
+    """
+    try:
+        trio.lowlevel.current_task()
+    except RuntimeError:
+        raise InputError('serve runs under trio: anyio.run(..., backend="trio")') from None
+    token = resolve_token(token)
+    config, sockets = _listen(host, port)
+    listening = _listening(sockets.insecure_sockets[0], token)
+    stopping = anyio.Event()
+    try:
+        async with SqliteLog(log_path) as log, anyio.create_task_group() as outer:
+            outer.start_soon(_watch_signals, stopping, outer.cancel_scope)
+            async with Host(chat=chat, log=log, tools=tools) as runtime:
+                app = create_app(
+                    runtime,
+                    token=token,
+                    limits=limits,
+                    ping_seconds=ping_seconds,
+                    stopping=stopping,
+                )
+                # Starlette's app type and hypercorn's ASGI type differ only in annotations.
+                framework = cast(ASGIFramework, app)
+                async with anyio.create_task_group() as server:
+                    await server.start(
+                        partial(
+                            worker_serve,
+                            wrap_app(framework, config.wsgi_max_body_size, "asgi"),
+                            config,
+                            sockets=sockets,
+                            shutdown_trigger=stopping.wait,
+                        )
+                    )
+                    _log.info("service.listening", url=listening.url)
+                    if ready is not None:
+                        ready(listening)
+                _log.info("service.stopping_host")
+            outer.cancel_scope.cancel()
+    finally:
+        for sock in sockets.insecure_sockets:
+            sock.close()
+    _log.info("service.stopped")
+
+
+def _listen(host: str, port: int) -> tuple[Config, Sockets]:
+    """A hypercorn config and its bound, listening sockets; InputError if it cannot bind."""
+    if not isinstance(host, str) or not host:
+        raise InputError(f"host: expected an address, got {host!r}")
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise InputError(f"port: expected 0 to 65535, got {port!r}")
+    config = Config()
+    config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
+    config.backlog = _BACKLOG
+    try:
+        sockets = config.create_sockets()
+    except OSError as exc:
+        raise InputError(f"cannot listen on {host} port {port}: {exc.strerror or exc}") from None
+    for sock in sockets.insecure_sockets:
+        sock.listen(config.backlog)
+    return config, sockets
+
+
+def _listening(sock: socket.socket, token: str) -> Listening:
+    address, port = sock.getsockname()[:2]
+    shown = f"[{address}]" if ":" in address else address
+    return Listening(url=f"http://{shown}:{port}", host=address, port=port, token=token)
+
+
+async def _watch_signals(stopping: anyio.Event, scope: anyio.CancelScope) -> None:
+    """The first SIGINT/SIGTERM starts a graceful stop; a second one cancels `scope`."""
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for signum in signals:
+            _log.info("service.signal", signal=signal.Signals(signum).name)
+            if stopping.is_set():
+                scope.cancel()
+                return
+            stopping.set()

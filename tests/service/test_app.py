@@ -1,0 +1,328 @@
+"""The app in-process (httpx.ASGITransport) over a real Host, on both anyio backends:
+a full flow, every bad request changing nothing, auth, busy, stopping, and failures
+as JSON errors without tracebacks."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import httpx
+import msgspec
+import pytest
+
+from tests.service.bad_requests import CASES, BadRequest, case_body, check_error, setup_bodies
+from tests.service.server_main import ASK_SPEC, LIMITS, LOOKUP_SPEC, answer_for, chat, lookup
+from turnkeeper.events import LogError
+from turnkeeper.events._log import Batch
+from turnkeeper.events._memory_log import MemoryLog
+from turnkeeper.service import ErrorBody, EventPage, Limits, create_app
+from turnkeeper.sessions import Chat, Host, SessionInfo
+
+pytestmark = pytest.mark.anyio
+
+TOKEN = "in-process-token"
+
+
+@asynccontextmanager
+async def running(
+    chat: Chat = chat,
+    *,
+    log: MemoryLog | None = None,
+    stopping: anyio.Event | None = None,
+    **options: Any,
+) -> AsyncIterator[tuple[httpx.AsyncClient, Host]]:
+    """A Host on `chat` with the lookup tool, the app over it, and a client with the token."""
+    async with Host(chat=chat, log=log or MemoryLog(), tools={"lookup": lookup}, **options) as host:
+        app = create_app(host, token=TOKEN, limits=LIMITS, ping_seconds=0.2, stopping=stopping)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(
+            transport=transport,
+            base_url="http://service",
+            headers={"Authorization": f"Bearer {TOKEN}"},
+        ) as client:
+            yield client, host
+
+
+async def settled(client: httpx.AsyncClient, session_id: str) -> SessionInfo:
+    """The session once it is no longer running."""
+    while True:
+        response = await client.get(f"/v1/sessions/{session_id}", params={"wait": 10})
+        assert response.status_code == 200, response.text
+        info = msgspec.json.decode(response.content, type=SessionInfo)
+        if info.status != "running":
+            return info
+
+
+async def create(client: httpx.AsyncClient, body: dict[str, Any]) -> str:
+    response = await client.post("/v1/sessions", json=body)
+    assert response.status_code == 201, response.text
+    session_id: str = response.json()["session_id"]
+    return session_id
+
+
+async def snapshot(client: httpx.AsyncClient, session_ids: list[str]) -> object:
+    """Everything a bad request could have changed: every session and its events."""
+    listing = await client.get("/v1/sessions", params={"limit": LIMITS.max_page})
+    assert listing.status_code == 200
+    events = [
+        (await client.get(f"/v1/sessions/{session_id}/events")).json() for session_id in session_ids
+    ]
+    return listing.json(), events
+
+
+async def test_create_runs_to_the_answer_and_events_page_through() -> None:
+    async with running() as (client, _):
+        spec = msgspec.to_builtins(LOOKUP_SPEC)
+        session_id = await create(client, {"spec": spec, "prompt": "p1"})
+        info = await settled(client, session_id)
+        assert info.status == "idle"
+        assert info.text == answer_for("p1")
+        assert info.usage.total_tokens == 15
+        seqs: list[int] = []
+        after = 0
+        while True:
+            page = msgspec.json.decode(
+                (
+                    await client.get(
+                        f"/v1/sessions/{session_id}/events", params={"after": after, "limit": 4}
+                    )
+                ).content,
+                type=EventPage,
+            )
+            if not page.events:
+                break
+            assert len(page.events) <= 4
+            seqs += [envelope.seq for envelope in page.events]
+            after = page.next_after
+        assert seqs == list(range(1, info.seq + 1))
+
+
+async def test_every_bad_request_is_a_4xx_naming_the_field_and_changes_nothing() -> None:
+    async with running() as (client, _):
+        idle_body, waiting_body = setup_bodies()
+        idle = await create(client, idle_body)
+        waiting = await create(client, waiting_body)
+        assert (await settled(client, idle)).status == "idle"
+        assert (await settled(client, waiting)).status == "requires_action"
+        before = await snapshot(client, [idle, waiting])
+        for case in CASES:
+            response = await send_case(client, case, idle=idle, waiting=waiting)
+            check_error(case, response.status_code, response.content)
+            assert await snapshot(client, [idle, waiting]) == before, case.name
+
+
+async def send_case(
+    client: httpx.AsyncClient, case: BadRequest, *, idle: str, waiting: str
+) -> httpx.Response:
+    path = case.path.format(idle=idle, waiting=waiting)
+    body = case_body(case, idle=idle)
+    if case.chunked and body is not None:
+        request = client.build_request(case.method, path, headers=case.headers)
+        request.stream = Chunks(body)
+        return await client.send(request)
+    return await client.request(case.method, path, content=body, headers=case.headers)
+
+
+class Chunks(httpx.AsyncByteStream):
+    """A body sent in pieces with no Content-Length. Not an async generator: the app
+    stops reading it early, and a half-read generator would be left to the GC."""
+
+    def __init__(self, body: bytes) -> None:
+        self.pieces = [body[start : start + 4096] for start in range(0, len(body), 4096)]
+
+    def __aiter__(self) -> Chunks:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if not self.pieces:
+            raise StopAsyncIteration
+        return self.pieces.pop(0)
+
+
+@pytest.mark.parametrize(
+    "authorization",
+    [None, "Bearer wrong-token", f"Basic {TOKEN}", "Bearer", f"bearer{TOKEN}", f"Token {TOKEN}"],
+)
+async def test_every_route_but_health_needs_the_token(authorization: str | None) -> None:
+    async with running() as (client, _):
+        headers = {} if authorization is None else {"Authorization": authorization}
+        bare = httpx.AsyncClient(transport=client._transport, base_url="http://service")
+        async with bare:
+            for method, path in [
+                ("GET", "/v1/sessions"),
+                ("POST", "/v1/sessions"),
+                ("GET", "/v1/sessions/x"),
+                ("POST", "/v1/sessions/x/messages"),
+                ("GET", "/v1/metrics"),
+                ("GET", "/v1/openapi.json"),
+                ("GET", "/v1/nothing"),
+            ]:
+                response = await bare.request(method, path, headers=headers, json={"prompt": "x"})
+                assert response.status_code == 401, (method, path)
+                error = msgspec.json.decode(response.content, type=ErrorBody).error
+                assert error.field == "Authorization"
+                assert response.headers["WWW-Authenticate"].startswith("Bearer")
+            health = await bare.get("/v1/healthz", headers=headers)
+            assert health.status_code == 200
+            assert health.json() == {"status": "ok"}
+        assert (await client.get("/v1/sessions")).json()["sessions"] == []
+
+
+async def test_tool_results_resume_a_session_waiting_on_the_orchestrator() -> None:
+    async with running() as (client, _):
+        session_id = await create(client, {"spec": msgspec.to_builtins(ASK_SPEC), "prompt": "q"})
+        info = await settled(client, session_id)
+        assert info.status == "requires_action"
+        assert [use.name for use in info.pending] == ["ask_human"]
+        assert info.pending[0].input == {"question": "q"}
+        response = await client.post(
+            f"/v1/sessions/{session_id}/tool_results",
+            json={"results": [{"tool_use_id": info.pending[0].id, "text": "yes"}]},
+        )
+        assert response.status_code == 202, response.text
+        done = await settled(client, session_id)
+        assert done.status == "idle"
+        assert done.text == answer_for("q", "yes")
+
+
+async def test_a_follow_up_message_starts_a_new_episode() -> None:
+    async with running() as (client, _):
+        spec = msgspec.to_builtins(LOOKUP_SPEC)
+        session_id = await create(client, {"spec": spec, "prompt": "one"})
+        await settled(client, session_id)
+        response = await client.post(f"/v1/sessions/{session_id}/messages", json={"text": "two"})
+        assert response.status_code == 202, response.text
+        info = await settled(client, session_id)
+        assert info.text == answer_for("two")
+        assert info.polls == 3
+
+
+class Gate:
+    """A model that blocks every call until the test opens it."""
+
+    def __init__(self) -> None:
+        self.entered = anyio.Event()
+        self.opened = anyio.Event()
+
+    async def __call__(self, request: dict[str, Any]) -> dict[str, Any]:
+        self.entered.set()
+        await self.opened.wait()
+        return await chat(request)
+
+
+async def test_a_full_mailbox_is_429_with_retry_after_and_queues_nothing() -> None:
+    gate = Gate()
+    async with running(gate, mailbox_size=1) as (client, _):
+        session_id = await create(client, {"prompt": "busy"})
+        await gate.entered.wait()
+        first = await client.post(f"/v1/sessions/{session_id}/messages", json={"text": "a"})
+        assert first.status_code == 202
+        assert first.json()["queued"] == 1
+        second = await client.post(f"/v1/sessions/{session_id}/messages", json={"text": "b"})
+        assert second.status_code == 429
+        assert int(second.headers["Retry-After"]) >= 1
+        assert msgspec.json.decode(second.content, type=ErrorBody).error.message
+        assert (await client.get(f"/v1/sessions/{session_id}")).json()["queued"] == 1
+        gate.opened.set()
+        info = await settled(client, session_id)
+        assert info.text == "echo: a"
+
+
+async def test_cancel_stops_a_running_session() -> None:
+    gate = Gate()
+    async with running(gate) as (client, _):
+        session_id = await create(client, {"prompt": "stop me"})
+        await gate.entered.wait()
+        response = await client.post(f"/v1/sessions/{session_id}/cancel")
+        assert response.status_code == 200
+        assert response.json()["status"] == "cancelled"
+        events = (await client.get(f"/v1/sessions/{session_id}/events")).json()["events"]
+        assert events[-1]["event"]["type"] == "local.cancelled"
+        again = await client.post(f"/v1/sessions/{session_id}/messages", json={"text": "x"})
+        assert again.status_code == 409
+
+
+async def test_a_stopped_host_answers_503() -> None:
+    async with running() as (client, host):
+        await host.stop(grace=0)
+        response = await client.post("/v1/sessions", json={"prompt": "late"})
+        assert response.status_code == 503
+        assert msgspec.json.decode(response.content, type=ErrorBody).error.message
+
+
+async def test_stopping_ends_long_polls_at_once_and_turns_health_to_503() -> None:
+    stopping = anyio.Event()
+    async with running(stopping=stopping) as (client, _):
+        session_id = await create(client, {"prompt": "hi"})
+        await settled(client, session_id)
+        seq = (await client.get(f"/v1/sessions/{session_id}")).json()["seq"]
+        polled: list[httpx.Response] = []
+
+        async def poll() -> None:
+            polled.append(
+                await client.get(
+                    f"/v1/sessions/{session_id}/events", params={"after": seq, "wait": 3600}
+                )
+            )
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(poll)
+            await anyio.wait_all_tasks_blocked()
+            stopping.set()
+        assert polled[0].status_code == 200
+        assert polled[0].json() == {"events": [], "next_after": seq}
+        health = await client.get("/v1/healthz")
+        assert health.status_code == 503
+        assert health.json() == {"status": "stopping"}
+
+
+class FailingLog(MemoryLog):
+    """A log whose storage fails on every append."""
+
+    async def _append(self, batch: Batch) -> None:
+        raise LogError("disk full")
+
+
+async def test_a_failing_log_is_503_with_its_reason() -> None:
+    async with running(log=FailingLog()) as (client, _):
+        response = await client.post("/v1/sessions", json={"prompt": "x"})
+        assert response.status_code == 503
+        assert "disk full" in response.json()["error"]["message"]
+        assert (await client.get("/v1/sessions")).json()["sessions"] == []
+
+
+class BrokenHost(Host):
+    """A host with a bug in `status`."""
+
+    async def status(self, session_id: str) -> SessionInfo:
+        raise RuntimeError("secret internal detail")
+
+
+async def test_an_unexpected_error_is_a_json_500_without_details() -> None:
+    async with BrokenHost(chat=chat) as host:
+        app = create_app(host, token=TOKEN)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(
+            transport=transport,
+            base_url="http://service",
+            headers={"Authorization": f"Bearer {TOKEN}"},
+        ) as client:
+            response = await client.get("/v1/sessions/x")
+    assert response.status_code == 500
+    error = msgspec.json.decode(response.content, type=ErrorBody).error
+    assert "secret" not in error.message
+    assert "Traceback" not in response.text
+
+
+async def test_create_app_refuses_bad_settings() -> None:
+    async with Host(chat=chat) as host:
+        with pytest.raises(ValueError, match="ping_seconds"):
+            create_app(host, token=TOKEN, ping_seconds=0)
+        with pytest.raises(ValueError, match="token"):
+            create_app(host, token="two words")
+        with pytest.raises(ValueError, match="limits"):
+            create_app(host, token=TOKEN, limits={"max_body_bytes": 1})  # type: ignore[arg-type]
+        assert create_app(host, token=TOKEN, limits=Limits(max_page=5)).routes

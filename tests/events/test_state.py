@@ -44,7 +44,7 @@ from turnkeeper.sessions import open_session, opened_event
 
 SPEC = AgentSpec(
     system_prompt="You help.",
-    tools=(ToolSpec("search"), ToolSpec("fetch"), ToolSpec("finish")),
+    tools=(ToolSpec("search", repeatable=True), ToolSpec("fetch"), ToolSpec("finish")),
     terminal_tool="finish",
     model="tiny",
 )

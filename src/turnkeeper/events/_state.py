@@ -6,6 +6,7 @@ folding a session's log reproduces its live state exactly.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Literal
 
 import msgspec
@@ -139,6 +140,8 @@ def _answer(result: ToolResult) -> Message:
 def _closed(state: SessionState, why: str) -> tuple[Message, ...]:
     """History with every pending call answered (by its result if it returned, else by a
     notice that it was not run), then any deferred directives."""
+    if not state.pending:
+        return state.history + state.deferred
     notice = _compact.encode({"skipped": True, "message": why}).decode()
     returned = {result.tool_use_id: result for result in state.returned}
     answers = tuple(
@@ -155,132 +158,157 @@ def apply_event(state: SessionState, envelope: Envelope) -> SessionState:
             f"event seq {envelope.seq} belongs to session {envelope.session_id}, "
             f"not {state.session_id}"
         )
-    if envelope.seq != state.seq + 1:
-        raise SeqError(state.session_id, envelope.seq, state.seq + 1)
-    event = envelope.event
     seq = envelope.seq
-    replace = msgspec.structs.replace
-    if isinstance(event, ModelResponded):
-        return _apply_response(state, event, seq)
-    if isinstance(event, ToolResultsReceived):
-        return _apply_results(state, event, seq)
-    if isinstance(event, DuplicateToolCall):
-        pending = tuple(use for use in state.pending if use.id != event.tool_call_id)
-        return replace(
-            state,
-            seq=seq,
-            history=(
-                *state.history,
-                tool_message(event.tool_call_id, duplicate_content(event.message)),
-            ),
-            pending=pending,
-            repeats=state.repeats + 1,
-            last_repeat=f"{event.name}({event.arguments})",
-            status="running" if not pending and state.status == "requires_action" else state.status,
-        )
-    if isinstance(event, DirectiveInjected):
-        directive: Message = {"role": "user", "content": event.text}
-        changes: dict[str, Any] = {}
-        if event.guard == "loop":
-            changes = {"warnings": state.warnings + 1, "warned_repeats": state.repeats}
-        elif event.guard == "terminal":
-            changes = {"reprompts": state.reprompts + 1}
-        if state.pending:
-            # A directive must not split a tool call from its answer: it follows the answers.
-            changes["deferred"] = (*state.deferred, directive)
-        else:
-            changes["history"] = (*state.history, directive)
-        return replace(
-            state,
-            seq=seq,
-            status="running" if state.status == "idle" else state.status,
-            stop_reason=None,
-            **changes,
-        )
-    if isinstance(event, MessageReceived):
-        history = _closed(state, "not run: a new user message arrived")
-        return replace(
-            state,
-            seq=seq,
-            history=(*history, {"role": "user", "content": event.text}),
-            deferred=(),
-            returned=(),
-            halt_message=None,
-            request=event.text,
-            status="running",
-            in_poll=True,
-            polls=0,
-            seen=frozenset(),
-            error_counts={},
-            pending=(),
-            episode_usage=Usage(),
-            episode_started=envelope.at,
-            answers={},
-            texts=frozenset(),
-            repeats=0,
-            warnings=0,
-            warned_repeats=0,
-            reprompts=0,
-            last_repeat=None,
-            stop_reason=None,
-            result=None,
-        )
-    if isinstance(event, Halted):
-        return replace(
-            state,
-            seq=seq,
-            history=_closed(state, f"not run: {event.reason}"),
-            deferred=(),
-            returned=(),
-            pending=(),
-            status="halted",
-            in_poll=False,
-            halt_message=event.message,
-            stop_reason=event.reason,
-        )
-    if isinstance(event, TerminalToolCalled):
-        others = tuple(use for use in state.pending if use.id != event.tool_call_id)
-        accepted = tool_message(event.tool_call_id, _compact.encode({"ok": True}).decode())
-        return replace(
-            state,
-            seq=seq,
-            history=_closed(
-                replace(state, history=(*state.history, accepted), pending=others),
-                f"not run: {event.name} ended the run",
-            ),
-            deferred=(),
-            returned=(),
-            pending=(),
-            status="idle",
-            in_poll=False,
-            stop_reason="terminal_tool",
-            result=event.result,
-        )
-    if isinstance(event, Cancelled):
-        return replace(
-            state,
-            seq=seq,
-            history=_closed(state, "not run: the session was cancelled"),
-            deferred=(),
-            returned=(),
-            pending=(),
-            status="cancelled",
-            in_poll=False,
-            stop_reason="cancelled",
-        )
-    if isinstance(event, ToolReturned):
-        if not any(use.id == event.tool_call_id for use in state.pending):
-            return replace(state, seq=seq)
-        result = ToolResult(event.tool_call_id, event.text, event.is_error)
-        return replace(state, seq=seq, returned=(*state.returned, result))
-    if isinstance(event, Failed):
-        return replace(state, seq=seq, status="failed", in_poll=False, stop_reason="failed")
-    if isinstance(event, SessionOpened) and seq != 1:
-        raise ReplayError(f"session {state.session_id}: seq {seq} opens the session a second time")
-    return replace(state, seq=seq)
+    if seq != state.seq + 1:
+        raise SeqError(state.session_id, seq, state.seq + 1)
+    event = envelope.event
+    rule = _RULES.get(type(event))
+    if rule is None:
+        return _replace(state, seq=seq)
+    return rule(state, event, envelope)
 
 
-def _apply_response(state: SessionState, event: ModelResponded, seq: int) -> SessionState:
+_replace = msgspec.structs.replace
+
+
+def _apply_duplicate(state: SessionState, event: Any, envelope: Envelope) -> SessionState:
+    pending = tuple(use for use in state.pending if use.id != event.tool_call_id)
+    return _replace(
+        state,
+        seq=envelope.seq,
+        history=(
+            *state.history,
+            tool_message(event.tool_call_id, duplicate_content(event.message)),
+        ),
+        pending=pending,
+        repeats=state.repeats + 1,
+        last_repeat=f"{event.name}({event.arguments})",
+        status="running" if not pending and state.status == "requires_action" else state.status,
+    )
+
+
+def _apply_directive(state: SessionState, event: Any, envelope: Envelope) -> SessionState:
+    directive: Message = {"role": "user", "content": event.text}
+    changes: dict[str, Any] = {}
+    if event.guard == "loop":
+        changes = {"warnings": state.warnings + 1, "warned_repeats": state.repeats}
+    elif event.guard == "terminal":
+        changes = {"reprompts": state.reprompts + 1}
+    if state.pending:
+        # A directive must not split a tool call from its answer: it follows the answers.
+        changes["deferred"] = (*state.deferred, directive)
+    else:
+        changes["history"] = (*state.history, directive)
+    return _replace(
+        state,
+        seq=envelope.seq,
+        status="running" if state.status == "idle" else state.status,
+        stop_reason=None,
+        **changes,
+    )
+
+
+def _apply_message(state: SessionState, event: Any, envelope: Envelope) -> SessionState:
+    history = _closed(state, "not run: a new user message arrived")
+    return _replace(
+        state,
+        seq=envelope.seq,
+        history=(*history, {"role": "user", "content": event.text}),
+        deferred=(),
+        returned=(),
+        halt_message=None,
+        request=event.text,
+        status="running",
+        in_poll=True,
+        polls=0,
+        seen=frozenset(),
+        error_counts={},
+        pending=(),
+        episode_usage=Usage(),
+        episode_started=envelope.at,
+        answers={},
+        texts=frozenset(),
+        repeats=0,
+        warnings=0,
+        warned_repeats=0,
+        reprompts=0,
+        last_repeat=None,
+        stop_reason=None,
+        result=None,
+    )
+
+
+def _apply_halt(state: SessionState, event: Any, envelope: Envelope) -> SessionState:
+    return _replace(
+        state,
+        seq=envelope.seq,
+        history=_closed(state, f"not run: {event.reason}"),
+        deferred=(),
+        returned=(),
+        pending=(),
+        status="halted",
+        in_poll=False,
+        halt_message=event.message,
+        stop_reason=event.reason,
+    )
+
+
+def _apply_terminal(state: SessionState, event: Any, envelope: Envelope) -> SessionState:
+    others = tuple(use for use in state.pending if use.id != event.tool_call_id)
+    accepted = tool_message(event.tool_call_id, _compact.encode({"ok": True}).decode())
+    return _replace(
+        state,
+        seq=envelope.seq,
+        history=_closed(
+            _replace(state, history=(*state.history, accepted), pending=others),
+            f"not run: {event.name} ended the run",
+        ),
+        deferred=(),
+        returned=(),
+        pending=(),
+        status="idle",
+        in_poll=False,
+        stop_reason="terminal_tool",
+        result=event.result,
+    )
+
+
+def _apply_cancel(state: SessionState, event: Any, envelope: Envelope) -> SessionState:
+    return _replace(
+        state,
+        seq=envelope.seq,
+        history=_closed(state, "not run: the session was cancelled"),
+        deferred=(),
+        returned=(),
+        pending=(),
+        status="cancelled",
+        in_poll=False,
+        stop_reason="cancelled",
+    )
+
+
+def _apply_returned(state: SessionState, event: Any, envelope: Envelope) -> SessionState:
+    for use in state.pending:
+        if use.id == event.tool_call_id:
+            result = ToolResult(event.tool_call_id, event.text, event.is_error)
+            return _replace(state, seq=envelope.seq, returned=(*state.returned, result))
+    return _replace(state, seq=envelope.seq)
+
+
+def _apply_failed(state: SessionState, event: Any, envelope: Envelope) -> SessionState:
+    return _replace(state, seq=envelope.seq, status="failed", in_poll=False, stop_reason="failed")
+
+
+def _apply_opened(state: SessionState, event: Any, envelope: Envelope) -> SessionState:
+    if envelope.seq != 1:
+        raise ReplayError(
+            f"session {state.session_id}: seq {envelope.seq} opens the session a second time"
+        )
+    return _replace(state, seq=envelope.seq)
+
+
+def _apply_response(state: SessionState, event: Any, envelope: Envelope) -> SessionState:
+    seq = envelope.seq
     message = event.message
     try:
         uses = tool_uses_of(message)
@@ -324,7 +352,8 @@ def _apply_response(state: SessionState, event: ModelResponded, seq: int) -> Ses
     )
 
 
-def _apply_results(state: SessionState, event: ToolResultsReceived, seq: int) -> SessionState:
+def _apply_results(state: SessionState, event: Any, envelope: Envelope) -> SessionState:
+    seq = envelope.seq
     by_id = {use.id: use for use in state.pending}
     answered = [result.tool_use_id for result in event.results]
     if sorted(answered) != sorted(by_id):
@@ -332,8 +361,8 @@ def _apply_results(state: SessionState, event: ToolResultsReceived, seq: int) ->
             f"session {state.session_id}: seq {seq} answers tool calls {answered}, "
             f"but {sorted(by_id)} were pending"
         )
-    error_counts = dict(state.error_counts)
-    answers = dict(state.answers)
+    error_counts = dict(state.error_counts) if state.error_counts else {}
+    answers = state.answers
     repeats = state.repeats
     last_repeat = state.last_repeat
     messages: list[Message] = []
@@ -344,8 +373,12 @@ def _apply_results(state: SessionState, event: ToolResultsReceived, seq: int) ->
         messages.append(message)
         if result.is_error:
             error_counts[use.name] = error_counts.get(use.name, 0) + 1
-        else:
+        elif error_counts:
             error_counts.pop(use.name, None)
+        if not _can_run_again(state, use.name):
+            continue
+        if answers is state.answers:
+            answers = dict(answers)
         name, arguments = call_key(use.name, use.input)
         key = f"{name}\x1f{arguments}"
         mark = digest(content)
@@ -368,6 +401,33 @@ def _apply_results(state: SessionState, event: ToolResultsReceived, seq: int) ->
         in_poll=True,
         stop_reason=None,
     )
+
+
+def _can_run_again(state: SessionState, name: str) -> bool:
+    """Whether the same call of `name` may run twice in an episode (so its answers are
+    worth remembering for loop detection): duplicates are not deduplicated for it."""
+    if state.guards.duplicates is None:
+        return True
+    tool = state.spec.tool(name)
+    return tool is not None and tool.repeatable
+
+
+_Rule = Callable[[SessionState, Any, Envelope], SessionState]
+
+_RULES: dict[type, _Rule] = {
+    ModelResponded: _apply_response,
+    ToolResultsReceived: _apply_results,
+    DuplicateToolCall: _apply_duplicate,
+    DirectiveInjected: _apply_directive,
+    MessageReceived: _apply_message,
+    Halted: _apply_halt,
+    TerminalToolCalled: _apply_terminal,
+    Cancelled: _apply_cancel,
+    ToolReturned: _apply_returned,
+    Failed: _apply_failed,
+    SessionOpened: _apply_opened,
+}
+"""How each kind of event changes a state; the others change only its seq."""
 
 
 def fold(state: SessionState, events: tuple[Envelope, ...] | list[Envelope]) -> SessionState:

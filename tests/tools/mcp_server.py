@@ -46,8 +46,9 @@ def crash() -> str:
 
 
 @server.tool()
-def pid() -> int:
-    """The server's process id, to tell whether two sessions share a server."""
+def pid(note: str = "") -> int:
+    """The server's process id, to tell whether two sessions share a server (`note` lets
+    a test make calls that are not repeats)."""
     return os.getpid()
 
 

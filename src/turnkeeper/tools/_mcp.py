@@ -68,6 +68,11 @@ class McpPool:
             connection.stop()
         self._live.clear()
         assert group is not None
+        if isinstance(exc, Exception):
+            # The block's own error is not the connections' doing: let it through as it
+            # is, not wrapped in the task group's exception group.
+            await group.__aexit__(None, None, None)
+            return None
         return await group.__aexit__(exc_type, exc, traceback)
 
     @property
@@ -80,6 +85,7 @@ class McpPool:
         the spec yet are connected and their tools added; a server that fails to start
         adds none and is reported in `McpTools.events`. Raises McpError on a tool name
         that two servers, or a server and the spec, both give."""
+        self._check_open()
         servers = [
             server
             for server in spec.mcp_servers
@@ -127,27 +133,35 @@ class McpPool:
     async def connect(self, server: McpServer) -> Connection | str:
         """The live connection to `server`, started if there is none: or why it could not
         start."""
-        if self._group is None:
-            raise McpError("the MCP pool is not open: use it as `async with McpPool() as pool`")
+        group = self._check_open()
         key = _key_encoder.encode(server)
         lock = self._locks.setdefault(key, anyio.Lock())
         async with lock:
             connection = self._live.get(key)
             if connection is not None and connection.alive:
                 return connection
-            try:
-                from turnkeeper.tools._mcp_client import Connection
-            except ImportError as exc:
-                raise McpError(
-                    f"MCP server {server.name!r}: the mcp package is not installed; install "
-                    "turnkeeper with the mcp extra: pip install 'turnkeeper[mcp]'"
-                ) from exc
+            from turnkeeper.tools._mcp_client import Connection
+
             connection = Connection(server)
-            error: str | None = await self._group.start(connection.serve)
+            error: str | None = await group.start(connection.serve)
             if error is not None:
                 return error
             self._live[key] = connection
             return connection
+
+    def _check_open(self) -> TaskGroup:
+        """The pool's task group; raises McpError when the pool is not open or the SDK
+        is not installed."""
+        if self._group is None:
+            raise McpError("the MCP pool is not open: use it as `async with McpPool() as pool`")
+        try:
+            import turnkeeper.tools._mcp_client  # noqa: F401
+        except ImportError as exc:
+            raise McpError(
+                "the mcp package is not installed; install turnkeeper with the mcp extra: "
+                "pip install 'turnkeeper[mcp]'"
+            ) from exc
+        return self._group
 
 
 class McpTools:

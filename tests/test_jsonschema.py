@@ -1,14 +1,15 @@
-"""Tests for the tool-argument JSON Schema validator."""
+"""Tests for tool-argument validation (the jsonschema library, reworded) and coercion."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from turnkeeper._jsonschema import MAX_ERRORS, validate
+from turnkeeper._jsonschema import MAX_ERRORS, coerce, validate
 
 WEATHER: dict[str, Any] = {
     "type": "object",
@@ -61,14 +62,18 @@ MESSAGES: list[tuple[dict[str, Any], object, list[str]]] = [
     ({"const": "go"}, "stop", ['$: expected "go", got "stop"']),
     ({"exclusiveMinimum": 0}, 0, ["$: 0 is less than or equal to the exclusive minimum 0"]),
     (
-        {"maximum": 3, "exclusiveMaximum": True},
+        {
+            "$schema": "http://json-schema.org/draft-04/schema#",
+            "maximum": 3,
+            "exclusiveMaximum": True,
+        },
         3,
         ["$: 3 is greater than or equal to the exclusive maximum 3"],
     ),
     ({"multipleOf": 0.1}, 0.35, ["$: 0.35 is not a multiple of 0.1"]),
     ({"pattern": "^[a-z]+$"}, "abc1", ['$: "abc1" does not match the pattern "^[a-z]+$"']),
     ({"maxItems": 1}, [1, 2], ["$: array has 2 items, more than the maximum 1"]),
-    ({"uniqueItems": True}, [1, "a", 1.0], ["$: items 0 and 2 are equal, but must be unique"]),
+    ({"uniqueItems": True}, [1, "a", 1.0], ["$: items must be unique, but some are repeated"]),
     ({"minProperties": 1}, {}, ["$: object has 0 properties, fewer than the minimum 1"]),
     (
         {"anyOf": [{"type": "string"}, {"type": "null"}]},
@@ -81,16 +86,29 @@ MESSAGES: list[tuple[dict[str, Any], object, list[str]]] = [
     (
         {"oneOf": [{"type": "integer"}, {"minimum": 0}]},
         1,
-        ["$: matches alternatives 1 and 2 of oneOf, but must match exactly one"],
+        ["$: matches more than one of the oneOf alternatives, but must match one"],
     ),
     ({"not": {"type": "null"}}, None, ["$: must not match the schema given in 'not'"]),
-    ({"items": False}, [1], ["$[0]: no value is allowed here"]),
+    ({"properties": {"a": False}}, {"a": 1}, ["$: 1 is not allowed here"]),
+    ({"maxLength": 1}, "ab", ["$: string has 2 characters, more than the maximum 1"]),
+    ({"minItems": 2}, [1], ["$: array has 1 item, fewer than the minimum 2"]),
+    ({"items": False}, [1], ["$: Expected at most 0 items but found 1 extra: 1"]),
     (
         {"$ref": "#/$defs/missing"},
         1,
         ['$: the schema\'s $ref "#/$defs/missing" cannot be resolved'],
     ),
-    ({"$ref": "#"}, 1, ["$: the value or the schema nests too deeply (is there a $ref cycle?)"]),
+    (
+        {"$ref": "https://example.com/schema.json"},
+        1,
+        ['$: the schema\'s $ref "https://example.com/schema.json" cannot be resolved'],
+    ),
+    ({"$ref": "#"}, 1, ["$: validation stopped: the schema or the value nests too deeply"]),
+    (
+        {"$ref": "#/$defs/n", "$defs": {"n": {"type": "integer"}}, "maximum": 3},
+        "x",
+        ["$: expected integer, got string"],
+    ),
 ]
 
 
@@ -109,7 +127,7 @@ CASES: list[tuple[dict[str, Any], object, object]] = [
     ({"type": "number"}, 2.5, False),
     ({"type": "null"}, None, 0),
     ({"type": "boolean"}, False, 0),
-    ({"type": "array"}, (1, 2), {"0": 1}),
+    ({"type": "array"}, [1, 2], (1, 2)),
     ({"type": ["integer", "string"]}, "x", None),
     ({"properties": {"a": {"type": "integer"}}}, {"b": "x"}, {"a": "x"}),
     ({"required": ["a", "b"]}, {"a": 1, "b": 2}, {"a": 1}),
@@ -133,9 +151,9 @@ CASES: list[tuple[dict[str, Any], object, object]] = [
     ({"maximum": 2}, 2.0, 3),
     ({"exclusiveMinimum": 2}, 2.001, 2),
     ({"exclusiveMaximum": 2}, 1, 2),
-    ({"minimum": 2, "exclusiveMinimum": True}, 3, 2),
     ({"multipleOf": 3}, 9, 10),
     ({"multipleOf": 0.1}, 0.3, 0.31),
+    ({"multipleOf": 0.01}, 19.99, 19.995),
     ({"minLength": 2}, "😀😀", "😀"),
     ({"maxLength": 1}, "😀", "ab"),
     ({"pattern": r"\d"}, "a1b", "ab"),
@@ -174,19 +192,85 @@ def test_each_keyword_accepts_and_rejects(
     assert all(error.startswith("$") for error in errors)
 
 
+DRAFT_07 = "http://json-schema.org/draft-07/schema#"
+DRAFT_2020_12 = "https://json-schema.org/draft/2020-12/schema"
+
+
 @pytest.mark.parametrize(
-    "schema",
+    ("schema", "good", "bad"),
     [
-        {"format": "email", "x-unknown": 1},
-        {"pattern": "("},
-        {"type": "no-such-type"},
-        {"type": 5, "properties": [], "required": "a", "items": 3, "enum": "ab", "minimum": "1"},
-        {"minLength": True, "multipleOf": 0, "anyOf": [], "oneOf": {}, "not": 5, "if": "x"},
-        {"$ref": "https://example.com/schema.json"},
+        # draft-07 declared: `items` as a list and `additionalItems`; `$ref` siblings ignored
+        (
+            {"$schema": DRAFT_07, "items": [{"type": "integer"}], "additionalItems": False},
+            [1],
+            [1, 2],
+        ),
+        (
+            {
+                "$schema": DRAFT_07,
+                "definitions": {"n": {"type": "integer"}},
+                "$ref": "#/definitions/n",
+                "maximum": 0,
+            },
+            5,
+            "5",
+        ),
+        # draft-07 forms without `$schema` are read as draft-07
+        ({"dependencies": {"a": ["b"]}, "items": [{"type": "string"}]}, {"a": 1, "b": 2}, {"a": 1}),
+        # 2020-12 declared: `$ref` siblings apply
+        (
+            {
+                "$schema": DRAFT_2020_12,
+                "$defs": {"n": {"type": "integer"}},
+                "$ref": "#/$defs/n",
+                "maximum": 0,
+            },
+            0,
+            5,
+        ),
+        (
+            {"$schema": "https://example.com/unknown", "prefixItems": [{"type": "integer"}]},
+            [1],
+            ["1"],
+        ),
     ],
 )
-def test_unknown_or_malformed_keywords_are_ignored(schema: dict[str, Any]) -> None:
-    assert validate(schema, "anything") == []
+def test_draft_07_and_2020_12_schemas_both_work(
+    schema: dict[str, Any], good: object, bad: object
+) -> None:
+    assert validate(schema, good) == []
+    assert validate(schema, bad) != []
+
+
+@pytest.mark.parametrize(
+    ("schema", "problem"),
+    [
+        ({"type": "no-such-type"}, "at $.type"),
+        ({"type": 5}, "at $.type"),
+        ({"pattern": "("}, "at $.pattern"),
+        ({"minLength": -1}, "at $.minLength"),
+        ({"required": "a"}, "at $.required"),
+        ({"properties": {"a": {"type": "strin"}}}, "at $.properties.a.type"),
+        ({"$schema": DRAFT_07, "prefixItems": 3, "items": 4}, "at $.items"),
+    ],
+)
+def test_a_malformed_schema_is_one_clear_message_for_every_instance(
+    schema: dict[str, Any], problem: str
+) -> None:
+    instances: list[object] = [{}, "x", 1]
+    for instance in instances:
+        [message] = validate(schema, instance)
+        assert message.startswith(f"$: the tool's input schema is invalid ({problem}")
+        assert message.endswith("so its arguments cannot be checked")
+
+
+def test_a_schema_that_is_not_json_is_a_message() -> None:
+    [message] = validate({"type": "object", "default": object()}, {})
+    assert message == "$: the tool's input schema is not JSON, so its arguments cannot be checked"
+
+
+def test_format_and_unknown_keywords_are_not_asserted() -> None:
+    assert validate({"format": "email", "x-unknown": 1}, "not an email") == []
 
 
 def test_errors_are_capped() -> None:
@@ -194,28 +278,36 @@ def test_errors_are_capped() -> None:
     assert len(validate(schema, list(range(100)))) == MAX_ERRORS
 
 
-def test_exponential_ref_cycles_stop_with_an_error() -> None:
-    schema = {"anyOf": [{"$ref": "#"}, {"$ref": "#"}]}
-    assert validate(schema, 1) == [
-        "$: validation stopped: the schema or the value is too large or too complex"
+def test_missing_required_properties_each_get_a_message() -> None:
+    schema = {"required": ["a", "b", "c"]}
+    assert validate(schema, {"b": 1}) == [
+        "$: missing required property 'a'",
+        "$: missing required property 'c'",
     ]
 
 
-def test_deep_values_are_bounded() -> None:
+def test_ref_cycles_and_deep_values_end_in_a_message() -> None:
     value: list[Any] = []
     for _ in range(5000):
         value = [value]
-    errors = validate({"items": {"$ref": "#"}, "uniqueItems": True}, value)
-    assert len(errors) == 1
-    assert "nests too deeply" in errors[0]
-    assert validate({"enum": [value]}, value) == []
-    assert validate({"enum": [[value]]}, value) != []
+    too_deep = ["$: validation stopped: the schema or the value nests too deeply"]
+    assert validate({"items": {"$ref": "#"}, "uniqueItems": True}, value) == too_deep
+    assert validate({"anyOf": [{"$ref": "#"}, {"$ref": "#"}]}, 1) == too_deep
 
 
 def test_huge_numbers_do_not_crash() -> None:
-    assert validate({"multipleOf": 0.1}, 10**5000) == []
-    assert validate({"maximum": 1}, 10**5000) == ["$: <integer> is greater than the maximum 1"]
-    assert validate({"multipleOf": 7}, float("inf")) == []
+    assert validate({"multipleOf": 0.1}, 10**5000) == [
+        "$: validation stopped: a number is too large to check"
+    ]
+    assert validate({"maximum": 1}, 10**5000) != []
+    assert validate({"maximum": 1}, 10**50) == [f"$: {10**50} is greater than the maximum 1"]
+
+
+def test_a_schema_changed_in_place_is_checked_as_it_is_now() -> None:
+    schema: dict[str, Any] = {"type": "string"}
+    assert validate(schema, "x") == []
+    schema["type"] = "integer"
+    assert validate(schema, "x") == ["$: expected integer, got string"]
 
 
 KEYWORDS = [
@@ -223,10 +315,10 @@ KEYWORDS = [
     "prefixItems", "additionalItems", "enum", "const", "minimum", "maximum", "exclusiveMinimum",
     "exclusiveMaximum", "multipleOf", "minLength", "maxLength", "pattern", "minItems",
     "maxItems", "uniqueItems", "minProperties", "maxProperties", "anyOf", "oneOf", "allOf",
-    "not", "if", "then", "else", "$ref", "$defs", "definitions", "format",
+    "not", "if", "then", "else", "$ref", "$defs", "definitions", "format", "$schema",
 ]  # fmt: skip
 TEXT = st.sampled_from(
-    ["#", "#/$defs/a", "#/definitions/0", "#/items", "integer", "string", "^a", "(", "a"]
+    ["#", "#/$defs/a", "#/definitions/0", "#/items", "integer", "string", "^a", "(", "a", DRAFT_07]
 ) | st.text(max_size=4)
 KEYS = st.sampled_from(KEYWORDS) | TEXT
 SCALARS = st.none() | st.booleans() | st.integers(-(10**30), 10**30) | st.floats() | TEXT
@@ -269,12 +361,29 @@ def schema_dicts(sub: st.SearchStrategy[Any]) -> st.SearchStrategy[dict[str, Any
     )
 
 
+# Small ready-made subschemas keep generation fast; they still nest through `$ref`s.
+LEAVES = st.sampled_from(
+    [
+        True,
+        False,
+        {},
+        {"type": "integer"},
+        {"type": "string", "minLength": 1},
+        {"type": 5},
+        {"$ref": "#"},
+        {"$ref": "#/$defs/a"},
+        {"minimum": 1, "multipleOf": 0.5},
+        {"items": {"type": "null"}},
+        {"required": ["a"], "additionalProperties": False},
+        {"anyOf": [{"type": "null"}, {"$ref": "#"}]},
+    ]
+)
 SCHEMAS = st.dictionaries(KEYS, JSON, max_size=6) | schema_dicts(
-    st.recursive(st.booleans() | st.just({}), schema_dicts, max_leaves=8)
+    LEAVES | st.dictionaries(st.sampled_from(KEYWORDS), LEAVES, max_size=3)
 )
 
 
-@settings(max_examples=200)
+@settings(max_examples=100, deadline=None)
 @given(SCHEMAS, JSON)
 def test_validate_never_raises(schema: dict[str, Any], instance: object) -> None:
     errors = validate(schema, instance)
@@ -320,20 +429,28 @@ def matching(schema: dict[str, Any]) -> st.SearchStrategy[Any]:
     return st.sampled_from(schema["enum"])
 
 
-@given(st.dictionaries(st.text(max_size=5), typed_schema(), max_size=5), st.data())
-def test_generated_matching_instances_are_valid(
-    properties: dict[str, dict[str, Any]], data: st.DataObject
-) -> None:
+@st.composite
+def object_schemas(draw: st.DrawFn) -> tuple[dict[str, Any], dict[str, Any]]:
+    """An object schema of typed properties, and arguments that satisfy it."""
+    properties = draw(st.dictionaries(st.text(max_size=5), typed_schema(), max_size=5))
     names = sorted(properties)
-    required = data.draw(st.lists(st.sampled_from(names), unique=True)) if names else []
+    required = draw(st.lists(st.sampled_from(names), unique=True)) if names else []
     schema = {
         "type": "object",
         "properties": properties,
         "required": required,
         "additionalProperties": False,
     }
-    present = [name for name in properties if name in required or data.draw(st.booleans())]
-    instance = {name: data.draw(matching(properties[name])) for name in present}
+    present = [name for name in properties if name in required or draw(st.booleans())]
+    return schema, {name: draw(matching(properties[name])) for name in present}
+
+
+@settings(deadline=None)
+@given(object_schemas())
+def test_generated_matching_instances_are_valid(
+    case: tuple[dict[str, Any], dict[str, Any]],
+) -> None:
+    schema, instance = case
     assert validate(schema, instance) == []
 
 
@@ -345,3 +462,133 @@ def test_bool_is_never_a_number(flag: bool, kind: str | list[str]) -> None:
     assert validate({"type": kind}, flag) != []
     nested = {"type": "object", "properties": {"x": {"type": "array", "items": {"type": kind}}}}
     assert validate(nested, {"x": [1, flag]}) != []
+
+
+# coerce
+
+
+def tool(**properties: Any) -> dict[str, Any]:
+    return {"type": "object", "properties": properties}
+
+
+# (property schema, what the model sent, what the handler gets)
+COERCED: list[tuple[dict[str, Any], object, object]] = [
+    ({"type": "integer"}, "3", 3),
+    ({"type": "integer"}, "-12", -12),
+    ({"type": "integer"}, "3.0", 3),
+    ({"type": "number"}, "3.5", 3.5),
+    ({"type": "number"}, "-2", -2),
+    ({"type": "number"}, "1e3", 1000.0),
+    ({"type": "boolean"}, "true", True),
+    ({"type": "boolean"}, "False", False),
+    ({"type": "null"}, "null", None),
+    ({"type": ["integer", "null"]}, "null", None),
+    ({"type": ["integer", "null"]}, "7", 7),
+    ({"anyOf": [{"type": "integer"}, {"type": "null"}]}, "7", 7),
+    ({"$ref": "#/$defs/count"}, "7", 7),
+    ({"type": "array", "items": {"type": "integer"}}, "[1, 2]", [1, 2]),
+    ({"type": "array", "items": {"type": "integer"}}, '["1", 2]', [1, 2]),
+    ({"type": "array", "items": {"type": "boolean"}}, ["true", False], [True, False]),
+    ({"type": "object", "properties": {"n": {"type": "number"}}}, {"n": "0.5"}, {"n": 0.5}),
+]
+
+# (property schema, a value that must stay as it is)
+KEPT: list[tuple[dict[str, Any], object]] = [
+    ({"type": "integer"}, "3.5"),
+    ({"type": "integer"}, "1e3"),
+    ({"type": "integer"}, "03"),
+    ({"type": "integer"}, " 3"),
+    ({"type": "integer"}, "three"),
+    ({"type": "integer"}, "9" * 400),
+    ({"type": "number"}, "NaN"),
+    ({"type": "number"}, "inf"),
+    ({"type": "number"}, "1e999"),
+    ({"type": "boolean"}, "yes"),
+    ({"type": "boolean"}, "1"),
+    ({"type": "null"}, ""),
+    ({"type": "null"}, "None"),
+    ({"type": "array"}, "[1, 2"),
+    ({"type": "array"}, '{"a": 1}'),
+    ({"type": ["integer", "string"]}, "3"),
+    ({"anyOf": [{"type": "integer"}, {"const": "auto"}]}, "3"),
+    ({"enum": [1, 2]}, "1"),
+    ({}, "3"),
+]
+
+
+def defs(schema: dict[str, Any]) -> dict[str, Any]:
+    return {**schema, "$defs": {"count": {"type": "integer"}}}
+
+
+@pytest.mark.parametrize(("prop", "given", "expected"), COERCED)
+def test_coerce_makes_safe_conversions(
+    prop: dict[str, Any], given: object, expected: object
+) -> None:
+    schema = defs(tool(x=prop))
+    coerced = coerce(schema, {"x": given, "other": "3"})
+    assert coerced == {"x": expected, "other": "3"}
+    assert type(coerced["x"]) is type(expected)
+    assert validate(schema, coerced) == []
+
+
+@pytest.mark.parametrize(("prop", "given"), KEPT)
+def test_coerce_never_loses_anything(prop: dict[str, Any], given: object) -> None:
+    arguments = {"x": given}
+    assert coerce(tool(x=prop), arguments) is arguments
+
+
+def test_coerce_leaves_accepted_arguments_alone() -> None:
+    schema = {"type": "object", "properties": {"x": {"type": "integer"}}, "anyOf": [{}]}
+    arguments = {"x": 3}
+    assert coerce(schema, arguments) is arguments
+    # A string some branch accepts is already valid, so it stays.
+    either = {"anyOf": [tool(x={"type": "integer"}), tool(x={"const": "3"})]}
+    assert coerce(either, {"x": "3"}) == {"x": "3"}
+
+
+def test_coerce_does_not_mutate_its_input() -> None:
+    arguments = {"x": ["1", "2"], "y": {"n": "5"}}
+    schema = tool(x={"type": "array", "items": {"type": "integer"}}, y=tool(n={"type": "integer"}))
+    assert coerce(schema, arguments) == {"x": [1, 2], "y": {"n": 5}}
+    assert arguments == {"x": ["1", "2"], "y": {"n": "5"}}
+
+
+def test_coerce_with_a_broken_schema_changes_nothing() -> None:
+    arguments = {"x": "3"}
+    assert coerce(tool(x={"type": "integer"}, y={"type": 5}), arguments) is arguments
+    assert coerce(tool(x={"$ref": "#/$defs/missing"}), arguments) is arguments
+    assert coerce(tool(x={"$ref": "https://example.com/n.json"}), arguments) is arguments
+    cycle = {"$defs": {"a": {"$ref": "#/$defs/a"}}, "properties": {"x": {"$ref": "#/$defs/a"}}}
+    assert coerce(cycle, arguments) == arguments
+
+
+@settings(max_examples=100, deadline=None)
+@given(SCHEMAS, st.dictionaries(TEXT, JSON, max_size=4))
+def test_coerce_never_raises(schema: dict[str, Any], arguments: dict[str, Any]) -> None:
+    coerced = coerce(schema, arguments)
+    assert isinstance(coerced, dict)
+    assert coerced.keys() == arguments.keys()
+
+
+@settings(deadline=None)
+@given(object_schemas())
+def test_coerce_never_changes_accepted_arguments(
+    case: tuple[dict[str, Any], dict[str, Any]],
+) -> None:
+    schema, arguments = case
+    assert coerce(schema, arguments) is arguments
+
+
+SCALAR_VALUES = (
+    st.integers(-(10**20), 10**20).map(lambda n: ("integer", n))
+    | st.floats(allow_nan=False, allow_infinity=False).map(lambda x: ("number", x))
+    | st.booleans().map(lambda b: ("boolean", b))
+    | st.none().map(lambda n: ("null", n))
+)
+
+
+@given(SCALAR_VALUES)
+def test_a_scalar_written_as_json_text_comes_back(case: tuple[str, object]) -> None:
+    kind, value = case
+    schema = tool(x={"type": kind})
+    assert coerce(schema, {"x": json.dumps(value)}) == {"x": value}

@@ -1,233 +1,373 @@
-"""A small JSON Schema validator for tool-call arguments.
+"""Tool-argument checks against a JSON Schema: validation by the `jsonschema` library, worded
+for a small model, and the safe coercions applied before it.
 
-It covers the subset of drafts 07 and 2020-12 that tool input schemas use and words
-every problem as one path-prefixed sentence that a small model can act on, e.g.
-`$.city: expected string, got integer`. It never raises: malformed keywords are
-ignored, and nesting depth and total work are bounded, so `$ref` cycles and hostile
-schemas end in an error message rather than a crash. `format` and unknown keywords are
-ignored. Local JSON-pointer `$ref`s (`#`, `#/$defs/x`) are followed, and their sibling
-keywords apply too (as in 2020-12); a local `$ref` that leads nowhere is an error, and a
-remote one is skipped.
+A schema is checked with the dialect its `$schema` names; without one (or with one the
+library does not know), as Draft 2020-12, else as draft-07 when only draft-07 accepts it
+(`items` as a list, `additionalItems`, `dependencies`). Compiled validators are cached per
+schema. `format` is not asserted. `$ref`s are resolved within the schema only: nothing is
+ever fetched, and a `$ref` that leads nowhere is an error message.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from decimal import Decimal
-from typing import Any
-from urllib.parse import unquote
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any, cast
 
-__all__ = ["MAX_ERRORS", "validate"]
+import referencing
+import referencing.jsonschema
+from jsonschema import (
+    Draft4Validator,
+    Draft6Validator,
+    Draft7Validator,
+    Draft201909Validator,
+    Draft202012Validator,
+)
+from jsonschema.exceptions import ValidationError, best_match
+from jsonschema.protocols import Validator
+from jsonschema.validators import extend
+from referencing.exceptions import Unresolvable
+
+if TYPE_CHECKING:
+    # `referencing` exports no public name for the resolver type its registries return.
+    from referencing._core import Resolver
+
+__all__ = ["MAX_ERRORS", "coerce", "validate"]
 
 MAX_ERRORS = 20
-_MAX_DEPTH = 64
-_MAX_STEPS = 100_000
-_TYPES = frozenset({"null", "boolean", "integer", "number", "string", "array", "object"})
-_TOO_COMPLEX = "$: validation stopped: the schema or the value is too large or too complex"
+_MAX_DEPTH = 64  # of `$ref` hops and nesting that `coerce` follows
+
+
+def _exact_multiple_of(cls: type[Validator]) -> type[Validator]:
+    """`cls` with `multipleOf` exact for decimal steps: the library divides floats, so
+    19.99 is not a multiple of 0.01 there; in decimal it is, as the model meant."""
+    library = cls.VALIDATORS["multipleOf"]
+
+    def multiple_of(
+        validator: Validator, step: object, instance: object, schema: object
+    ) -> Iterator[ValidationError]:
+        if (
+            isinstance(step, float)
+            and isinstance(instance, int | float)
+            and not isinstance(instance, bool)
+        ):
+            try:
+                exact = [
+                    Decimal(x) if isinstance(x, int) else Decimal(repr(x)) for x in (instance, step)
+                ]
+                if exact[1] and exact[0] % exact[1] == 0:
+                    return
+            except (ArithmeticError, ValueError):  # beyond decimal precision: the library judges
+                pass
+        yield from library(validator, step, instance, schema)
+
+    extended: type[Validator] = extend(cls, {"multipleOf": multiple_of})  # type: ignore[no-untyped-call]
+    return extended
+
+
+_DIALECTS: dict[str, type[Validator]] = {
+    str(cls.META_SCHEMA.get("$id", cls.META_SCHEMA.get("id"))).rstrip("#"): _exact_multiple_of(cls)
+    for cls in (
+        Draft4Validator,
+        Draft6Validator,
+        Draft7Validator,
+        Draft201909Validator,
+        Draft202012Validator,
+    )
+}
+_UNDECLARED = (
+    _DIALECTS[Draft202012Validator.META_SCHEMA["$id"].rstrip("#")],
+    _DIALECTS[Draft7Validator.META_SCHEMA["$id"].rstrip("#")],
+)
+# No `retrieve`: a remote `$ref` is unresolvable rather than fetched over the network.
+_OFFLINE: referencing.Registry[Any] = referencing.Registry()
+_INTEGER = re.compile(r"-?(?:0|[1-9][0-9]{0,300})(?:\.0+)?")
+_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]{0,300})(?:\.[0-9]{1,300})?(?:[eE][+-]?[0-9]{1,3})?")
+
+
+class _Checker:
+    """A compiled schema: its validator, and a resolver for following its `$ref`s."""
+
+    def __init__(self, validator: Validator, resolver: Resolver[Any]) -> None:
+        self.validator = validator
+        self.resolver = resolver
 
 
 def validate(schema: Mapping[str, Any], instance: object) -> list[str]:
-    """Check `instance` against `schema`; return up to MAX_ERRORS messages, [] if valid."""
+    """Check `instance` against `schema`; return up to MAX_ERRORS messages, [] if valid.
+
+    Each message starts with the path of the value it is about, e.g.
+    `$.city: expected string, got integer`. It never raises: a schema the library rejects
+    gives one message, `$: the tool's input schema is invalid (...)`, for every instance,
+    so a broken tool fails loudly instead of running unchecked.
+    """
+    checker = _checker(schema)
+    if isinstance(checker, str):
+        return [checker]
+    messages: dict[str, None] = {}
     try:
-        return _Run(schema).errors(schema, instance, "$", 0, MAX_ERRORS)
-    except _TooComplexError:
-        return [_TOO_COMPLEX]
+        for error in checker.validator.iter_errors(cast(Any, instance)):
+            messages.update(dict.fromkeys(_messages(error)))
+            if len(messages) >= MAX_ERRORS:
+                break
+    except Unresolvable as error:
+        messages[f"$: the schema's $ref {_show(_ref_of(error))} cannot be resolved"] = None
+    except RecursionError:
+        messages["$: validation stopped: the schema or the value nests too deeply"] = None
+    except (OverflowError, ValueError):  # the library's arithmetic and messages on huge numbers
+        messages["$: validation stopped: a number is too large to check"] = None
+    return list(messages)[:MAX_ERRORS]
 
 
-class _TooComplexError(Exception):
-    """The step budget ran out (e.g. a `$ref` cycle under `anyOf`, which is exponential)."""
+def coerce(schema: Mapping[str, Any], arguments: dict[str, Any]) -> dict[str, Any]:
+    """`arguments` with the safe coercions a small model needs, applied where `schema` asks.
+
+    A string argument becomes another JSON value only where the property's schema (its
+    `type`, or the types of all its `anyOf`/`oneOf` alternatives, `$ref`s followed) does not
+    allow a string, and only when nothing is lost:
+
+    - integer: `"3"` -> 3, `"-12"` -> -12, `"3.0"` -> 3 (not `"3.5"`, `"1e3"` or `"03"`)
+    - number: `"3.5"` -> 3.5, `"-2"` -> -2, `"1e3"` -> 1000.0 (not `"NaN"`, `"inf"` or `"1e999"`)
+    - boolean: `"true"` -> true, `"false"` -> false, in any letter case (not `"yes"` or `"1"`)
+    - null: `"null"` -> null (not `""` or `"None"`)
+    - array: a JSON array written as a string, `"[1, 2]"` -> [1, 2]
+
+    Inside arrays (`items`) and nested objects (`properties`) the same rules apply to each
+    value, so `["1", "2"]` for an array of integers becomes [1, 2]. Arguments the schema
+    already accepts are returned unchanged, as is anything when the schema is invalid.
+    Never raises.
+    """
+    checker = _checker(schema)
+    if isinstance(checker, str) or not isinstance(arguments, dict):
+        return arguments
+    try:
+        coerced = _coerce(schema, arguments, checker.resolver, 0)
+        if coerced is arguments or checker.validator.is_valid(arguments):
+            return arguments
+    except (Unresolvable, RecursionError, OverflowError, ValueError):
+        return arguments
+    return coerced if isinstance(coerced, dict) else arguments
 
 
-class _Sink:
-    """Collects error messages up to a limit."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.items: list[str] = []
-
-    @property
-    def full(self) -> bool:
-        return len(self.items) >= self.limit
-
-    def add(self, message: str) -> None:
-        if not self.full:
-            self.items.append(message)
+def _checker(schema: Mapping[str, Any]) -> _Checker | str:
+    """The compiled schema, or the message that says why it cannot be used."""
+    try:
+        # The text is the cache key, and compiling from it gives the validator its own copy.
+        text = json.dumps(schema, ensure_ascii=False, allow_nan=True)
+    except (TypeError, ValueError, RecursionError):
+        return "$: the tool's input schema is not JSON, so its arguments cannot be checked"
+    return _compile(text)
 
 
-class _Run:
-    """One validation: the root schema (for `$ref`) and the work done so far."""
+@lru_cache(maxsize=512)
+def _compile(text: str) -> _Checker | str:
+    try:
+        schema = json.loads(text)
+    except RecursionError:
+        return _invalid("it nests too deeply")
+    if not isinstance(schema, dict):
+        return _invalid(f"expected an object, got {_kind(schema)}")
+    declared = schema.get("$schema")
+    known = _DIALECTS.get(declared.rstrip("#")) if isinstance(declared, str) else None
+    problem = ""
+    for cls in (known,) if known is not None else _UNDECLARED:
+        meta = cls(cls.META_SCHEMA, format_checker=cls.FORMAT_CHECKER, registry=_OFFLINE)
+        try:
+            error = best_match(meta.iter_errors(schema))
+        except RecursionError:
+            return _invalid("it nests too deeply")
+        if error is None:
+            dialect = str(cls.META_SCHEMA.get("$id", cls.META_SCHEMA.get("id")))
+            spec = referencing.jsonschema.specification_with(dialect)
+            resolver = _OFFLINE.resolver_with_root(spec.create_resource(schema))
+            return _Checker(cls(schema, registry=_OFFLINE), resolver)
+        problem = problem or f"at {_path(error.absolute_path)}: {_cut(error.message, 160)}"
+    return _invalid(problem)
 
-    def __init__(self, root: object) -> None:
-        self.root = root
-        self.steps = 0
 
-    def errors(self, schema: object, value: object, path: str, depth: int, limit: int) -> list[str]:
-        sink = _Sink(limit)
-        self.check(schema, value, path, depth, sink)
-        return sink.items
+def _invalid(problem: str) -> str:
+    return f"$: the tool's input schema is invalid ({problem}), so its arguments cannot be checked"
 
-    def valid(self, schema: object, value: object, path: str, depth: int) -> bool:
-        return not self.errors(schema, value, path, depth, 1)
 
-    def check(self, schema: object, value: object, path: str, depth: int, out: _Sink) -> None:
-        self.steps += 1
-        if self.steps > _MAX_STEPS:
-            raise _TooComplexError
-        if out.full or schema is True:
-            return
-        if schema is False:
-            out.add(f"{path}: no value is allowed here")
-            return
-        if not isinstance(schema, Mapping):
-            return
-        if depth > _MAX_DEPTH:
-            out.add(f"{path}: the value or the schema nests too deeply (is there a $ref cycle?)")
-            return
-        ref = schema.get("$ref")
-        if isinstance(ref, str) and ref.startswith("#"):
-            target = _resolve(self.root, ref)
-            if target is None:
-                out.add(f"{path}: the schema's $ref {_show(ref)} cannot be resolved")
-            else:
-                self.check(target, value, path, depth + 1, out)
-        if not self.check_type(schema.get("type"), value, path, out):
-            return  # other keywords would only restate the type mismatch
-        self.check_value(schema, value, path, out)
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            for problem in _number_problems(schema, value):
-                out.add(f"{path}: {problem}")
-        elif isinstance(value, str):
-            self.check_string(schema, value, path, out)
-        elif isinstance(value, list | tuple):
-            self.check_array(schema, value, path, depth, out)
-        elif isinstance(value, Mapping):
-            self.check_object(schema, value, path, depth, out)
-        self.check_logic(schema, value, path, depth, out)
+def _messages(error: ValidationError) -> list[str]:
+    """`error` as path-first sentences: one, or one per missing or unexpected property."""
+    path = _path(error.absolute_path)
+    keyword, expected, value = error.validator, error.validator_value, error.instance
+    if keyword == "required" and isinstance(value, Mapping) and isinstance(expected, list):
+        names = [name for name in expected if isinstance(name, str) and name not in value]
+        return [f"{path}: missing required property '{name}'" for name in names]
+    if keyword == "additionalProperties" and expected is False and isinstance(value, Mapping):
+        return _unexpected(path, error.schema, value)
+    return [f"{path}: {_sentence(error, path)}"]
 
-    def check_type(self, expected: object, value: object, path: str, out: _Sink) -> bool:
+
+def _sentence(error: ValidationError, path: str) -> str:
+    """What is wrong with the value at `path`, without the path."""
+    keyword, expected, value = error.validator, error.validator_value, error.instance
+    if keyword == "type":
         names = expected if isinstance(expected, list) else [expected]
-        known = [name for name in names if isinstance(name, str) and name in _TYPES]
-        if not known or any(_is_type(value, name) for name in known):
-            return True
-        out.add(f"{path}: expected {' or '.join(known)}, got {_kind(value)}")
-        return False
+        return f"expected {' or '.join(map(str, names))}, got {_kind(value)}"
+    if keyword == "enum":
+        return f"{_show(value)} is not one of {_show(expected, 200)}"
+    if keyword == "const":
+        return f"expected {_show(expected)}, got {_show(value)}"
+    if keyword in _BOUNDS:
+        flag = _DRAFT4.get(keyword, "")
+        exclusive = isinstance(error.schema, Mapping) and error.schema.get(flag)
+        bound = _BOUNDS["exclusiveM" + keyword[1:]] if exclusive is True else _BOUNDS[keyword]
+        return f"{_show(value)} is {bound} {_show(expected)}"
+    if keyword in _SIZES:
+        what, units, bound = _SIZES[keyword]
+        size = len(value) if isinstance(value, str | list | Mapping) else 0
+        return f"{what} has {size} {units[size == 1]}, {bound} {_show(expected)}"
+    if keyword == "pattern":
+        return f"{_show(value)} does not match the pattern {_show(expected)}"
+    if keyword == "uniqueItems":
+        return "items must be unique, but some are repeated"
+    if keyword == "not":
+        return "must not match the schema given in 'not'"
+    if keyword is None or error.schema is False:
+        return f"{_show(value)} is not allowed here"
+    if keyword in ("anyOf", "oneOf"):
+        if not error.context:
+            return f"matches more than one of the {keyword} alternatives, but must match one"
+        return f"does not match any of the {keyword} alternatives: {_reasons(error, path)}"
+    return _cut(error.message, 200)
 
-    def check_value(self, schema: Mapping[Any, Any], value: object, path: str, out: _Sink) -> None:
-        enum = schema.get("enum")
-        if isinstance(enum, list) and _canon(value) not in [_canon(item) for item in enum]:
-            out.add(f"{path}: {_show(value)} is not one of {_show(enum, 200)}")
-        if "const" in schema and _canon(value) != _canon(schema["const"]):
-            out.add(f"{path}: expected {_show(schema['const'])}, got {_show(value)}")
 
-    def check_string(self, schema: Mapping[Any, Any], value: str, path: str, out: _Sink) -> None:
-        _check_size(schema, "Length", len(value), "string", ("character", "characters"), path, out)
-        raw = schema.get("pattern")
-        pattern = _compile(raw) if isinstance(raw, str) else None
-        if pattern is not None and not pattern.search(value):
-            out.add(f"{path}: {_show(value)} does not match the pattern {_show(raw)}")
+_BOUNDS = {
+    "minimum": "less than the minimum",
+    "maximum": "greater than the maximum",
+    "exclusiveMinimum": "less than or equal to the exclusive minimum",
+    "exclusiveMaximum": "greater than or equal to the exclusive maximum",
+    "multipleOf": "not a multiple of",
+}
+# Draft 4 makes `minimum`/`maximum` exclusive with a boolean beside them.
+_DRAFT4 = {"minimum": "exclusiveMinimum", "maximum": "exclusiveMaximum"}
+_CHARACTERS = ("characters", "character")
+_ITEMS = ("items", "item")
+_PROPERTIES = ("properties", "property")
+_SIZES = {
+    "minLength": ("string", _CHARACTERS, "fewer than the minimum"),
+    "maxLength": ("string", _CHARACTERS, "more than the maximum"),
+    "minItems": ("array", _ITEMS, "fewer than the minimum"),
+    "maxItems": ("array", _ITEMS, "more than the maximum"),
+    "minProperties": ("object", _PROPERTIES, "fewer than the minimum"),
+    "maxProperties": ("object", _PROPERTIES, "more than the maximum"),
+}
 
-    def check_array(
-        self,
-        schema: Mapping[Any, Any],
-        value: list[Any] | tuple[Any, ...],
-        path: str,
-        depth: int,
-        out: _Sink,
-    ) -> None:
-        _check_size(schema, "Items", len(value), "array", ("item", "items"), path, out)
-        prefix, rest = schema.get("prefixItems"), schema.get("items")
-        if isinstance(rest, list):  # draft-07 tuple form
-            prefix, rest = rest, schema.get("additionalItems")
-        prefix = prefix if isinstance(prefix, list) else []
-        for index, item in enumerate(value):
-            sub = prefix[index] if index < len(prefix) else rest
-            self.check(sub, item, f"{path}[{index}]", depth + 1, out)
-        if schema.get("uniqueItems") is True:
-            seen: dict[object, int] = {}
-            for index, item in enumerate(value):
-                first = seen.setdefault(_canon(item), index)
-                if first != index:
-                    out.add(f"{path}: items {first} and {index} are equal, but must be unique")
-                    break
 
-    def check_object(
-        self,
-        schema: Mapping[Any, Any],
-        value: Mapping[Any, Any],
-        path: str,
-        depth: int,
-        out: _Sink,
-    ) -> None:
-        _check_size(
-            schema, "Properties", len(value), "object", ("property", "properties"), path, out
-        )
-        required = schema.get("required")
-        for name in required if isinstance(required, list) else []:
-            if isinstance(name, str) and name not in value:
-                out.add(f"{path}: missing required property '{name}'")
-        props = schema.get("properties")
-        props = props if isinstance(props, Mapping) else {}
-        raw_patterns = schema.get("patternProperties")
-        patterns = [
-            (compiled, sub)
-            for raw, sub in (raw_patterns.items() if isinstance(raw_patterns, Mapping) else [])
-            if isinstance(raw, str) and (compiled := _compile(raw)) is not None
-        ]
-        extra = schema.get("additionalProperties")
-        for key, item in value.items():
-            where = _child(path, key)
-            matched = key in props
-            if matched:
-                self.check(props[key], item, where, depth + 1, out)
-            for pattern, sub in patterns:
-                if isinstance(key, str) and pattern.search(key):
-                    matched = True
-                    self.check(sub, item, where, depth + 1, out)
-            if matched or extra is None:
-                continue
-            if extra is False:
-                allowed = ", ".join(_name(name) for name in props)
-                hint = f" (allowed: {allowed})" if allowed else ""
-                out.add(f"{path}: unexpected property {_name(key)}{hint}")
-            else:
-                self.check(extra, item, where, depth + 1, out)
+def _reasons(error: ValidationError, path: str) -> str:
+    """The first problem with each alternative of an anyOf/oneOf, numbered from 1."""
+    first: dict[int, str] = {}
+    for sub in error.context:
+        index = sub.relative_schema_path[0] if sub.relative_schema_path else 0
+        if isinstance(index, int) and index not in first:
+            messages = _messages(sub) or [f"{path}: {sub.message}"]
+            first[index] = messages[0].removeprefix(f"{path}: ")
+    return "; ".join(f"[{index + 1}] {first[index]}" for index in sorted(first))
 
-    def check_logic(
-        self, schema: Mapping[Any, Any], value: object, path: str, depth: int, out: _Sink
-    ) -> None:
-        all_of = schema.get("allOf")
-        for sub in all_of if isinstance(all_of, list) else []:
-            self.check(sub, value, path, depth + 1, out)
-        any_of = schema.get("anyOf")
-        if isinstance(any_of, list) and any_of:
-            failures: list[str] = []
-            for sub in any_of:
-                errors = self.errors(sub, value, path, depth + 1, 1)
-                if not errors:
-                    break
-                failures.extend(errors)
-            else:
-                out.add(_none_matched("anyOf", path, failures))
-        one_of = schema.get("oneOf")
-        if isinstance(one_of, list) and one_of:
-            results = [self.errors(sub, value, path, depth + 1, 1) for sub in one_of]
-            matches = [number for number, errors in enumerate(results, 1) if not errors]
-            if not matches:
-                out.add(_none_matched("oneOf", path, [errors[0] for errors in results]))
-            elif len(matches) > 1:
-                out.add(
-                    f"{path}: matches alternatives {matches[0]} and {matches[1]} of oneOf, "
-                    "but must match exactly one"
-                )
-        negated = schema.get("not")
-        if isinstance(negated, Mapping | bool) and self.valid(negated, value, path, depth + 1):
-            out.add(f"{path}: must not match the schema given in 'not'")
-        condition = schema.get("if")
-        if isinstance(condition, Mapping | bool):
-            holds = self.valid(condition, value, path, depth + 1)
-            self.check(schema.get("then" if holds else "else"), value, path, depth + 1, out)
+
+def _unexpected(path: str, schema: object, value: Mapping[Any, Any]) -> list[str]:
+    """One message per property that `additionalProperties: false` rejects."""
+    schema = schema if isinstance(schema, Mapping) else {}
+    known = schema.get("properties")
+    known = known if isinstance(known, Mapping) else {}
+    patterns = schema.get("patternProperties")
+    patterns = list(patterns) if isinstance(patterns, Mapping) else []
+    allowed = ", ".join(f"'{name}'" for name in known)
+    hint = f" (allowed: {allowed})" if allowed else ""
+    return [
+        f"{path}: unexpected property '{key}'{hint}"
+        for key in value
+        if key not in known and not any(re.search(pattern, key) for pattern in patterns)
+    ]
+
+
+def _coerce(schema: object, value: Any, resolver: Resolver[Any], depth: int) -> Any:
+    """`value` with the coercions `schema` allows, the same object when nothing changes."""
+    if depth > _MAX_DEPTH:
+        return value
+    schema, resolver = _followed(schema, resolver, depth)
+    if not isinstance(schema, Mapping):
+        return value
+    if isinstance(value, str):
+        types = _types(schema, resolver, depth)
+        if types and "string" not in types:
+            value = _from_text(value, types)
+    items = schema.get("items")
+    if isinstance(value, list) and isinstance(items, Mapping):
+        converted = [_coerce(items, item, resolver, depth + 1) for item in value]
+        if any(new is not old for new, old in zip(converted, value, strict=True)):
+            return converted
+    properties = schema.get("properties")
+    if isinstance(value, dict) and isinstance(properties, Mapping):
+        changed = {
+            key: new
+            for key, item in value.items()
+            if key in properties
+            and (new := _coerce(properties[key], item, resolver, depth + 1)) is not item
+        }
+        if changed:
+            return {**value, **changed}
+    return value
+
+
+def _followed(schema: object, resolver: Resolver[Any], depth: int) -> tuple[object, Resolver[Any]]:
+    """`schema` with a `$ref` it consists of followed (a bounded number of hops)."""
+    while isinstance(schema, Mapping) and isinstance(schema.get("$ref"), str):
+        if depth > _MAX_DEPTH:
+            return {}, resolver
+        resolved = resolver.lookup(schema["$ref"])
+        schema, resolver, depth = resolved.contents, resolved.resolver, depth + 1
+    return schema, resolver
+
+
+def _types(schema: Mapping[str, Any], resolver: Resolver[Any], depth: int) -> set[str]:
+    """The JSON types a schema allows, from `type` or from every anyOf/oneOf alternative;
+    empty when they are not all declared."""
+    declared = schema.get("type")
+    if isinstance(declared, str):
+        return {declared}
+    if isinstance(declared, list) and all(isinstance(name, str) for name in declared):
+        return set(declared)
+    alternatives = schema.get("anyOf", schema.get("oneOf"))
+    if not isinstance(alternatives, list) or not alternatives or depth > _MAX_DEPTH:
+        return set()
+    found: set[str] = set()
+    for alternative in alternatives:
+        followed, inner = _followed(alternative, resolver, depth)
+        types = _types(followed, inner, depth + 1) if isinstance(followed, Mapping) else set()
+        if not types:
+            return set()
+        found |= types
+    return found
+
+
+def _from_text(text: str, types: set[str]) -> Any:
+    """The value `text` spells, of one of `types`, or `text` itself."""
+    if "null" in types and text == "null":
+        return None
+    if "boolean" in types and text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    if types & {"integer", "number"} and _INTEGER.fullmatch(text):
+        return int(text.split(".")[0])
+    if "number" in types and _NUMBER.fullmatch(text):
+        number = float(text)
+        if math.isfinite(number):
+            return number
+    if "array" in types and text.lstrip().startswith("["):
+        try:
+            parsed = json.loads(text)
+        except (ValueError, RecursionError):
+            return text
+        if isinstance(parsed, list):
+            return parsed
+    return text
 
 
 def _kind(value: object) -> str:
@@ -249,134 +389,24 @@ def _kind(value: object) -> str:
     return type(value).__name__
 
 
-def _is_type(value: object, name: str) -> bool:
-    kind = _kind(value)
-    if name == "integer":
-        return kind == "integer" or (isinstance(value, float) and value.is_integer())
-    if name == "number":
-        return kind in ("integer", "number")
-    return kind == name
-
-
-def _num(value: object) -> int | float | None:
-    """A numeric keyword's value, or None when it is missing or not a number."""
-    return value if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-
-def _number_problems(schema: Mapping[Any, Any], x: int | float) -> list[str]:
-    low, high = _num(schema.get("minimum")), _num(schema.get("maximum"))
-    low_ex, high_ex = schema.get("exclusiveMinimum"), schema.get("exclusiveMaximum")
-    if low_ex is True:  # draft 4: a boolean makes `minimum` itself exclusive
-        low, low_ex = None, low
-    if high_ex is True:
-        high, high_ex = None, high
-    low_ex, high_ex, step = _num(low_ex), _num(high_ex), _num(schema.get("multipleOf"))
-    failed = [
-        (low is not None and x < low, "less than the minimum", low),
-        (low_ex is not None and x <= low_ex, "less than or equal to the exclusive minimum", low_ex),
-        (high is not None and x > high, "greater than the maximum", high),
-        (
-            high_ex is not None and x >= high_ex,
-            "greater than or equal to the exclusive maximum",
-            high_ex,
-        ),
-        (step is not None and step > 0 and not _is_multiple(x, step), "not a multiple of", step),
-    ]
-    return [f"{_show(x)} is {text} {_show(bound)}" for fails, text, bound in failed if fails]
-
-
-def _is_multiple(x: int | float, step: int | float) -> bool:
-    if isinstance(x, int) and isinstance(step, int):
-        return x % step == 0
-    try:  # decimal, so that 0.3 is a multiple of 0.1
-        exact = [Decimal(v) if isinstance(v, int) else Decimal(repr(v)) for v in (x, step)]
-        return bool(exact[0] % exact[1] == 0)
-    except ArithmeticError:  # infinite, or beyond decimal precision: too big to judge
-        return True
-
-
-def _check_size(
-    schema: Mapping[Any, Any],
-    keyword: str,
-    size: int,
-    what: str,
-    unit: tuple[str, str],
-    path: str,
-    out: _Sink,
-) -> None:
-    """Apply `min<keyword>` / `max<keyword>` (Length, Items, Properties) to a size."""
-    low, high = _num(schema.get("min" + keyword)), _num(schema.get("max" + keyword))
-    has = f"{what} has {size} {unit[0] if size == 1 else unit[1]}"
-    if low is not None and size < low:
-        out.add(f"{path}: {has}, fewer than the minimum {_show(low)}")
-    if high is not None and size > high:
-        out.add(f"{path}: {has}, more than the maximum {_show(high)}")
-
-
-def _compile(pattern: str) -> re.Pattern[str] | None:
-    """The compiled pattern, or None when Python cannot compile it (it is then ignored)."""
-    try:
-        return re.compile(pattern)
-    except (re.error, OverflowError, RecursionError, ValueError):
-        return None
-
-
-def _resolve(root: object, ref: str) -> object | None:
-    """Follow a local JSON pointer (`#`, `#/$defs/x`); None when it leads nowhere."""
-    if ref == "#":
-        return root
-    if not ref.startswith("#/"):
-        return None
-    node = root
-    for token in unquote(ref[2:]).split("/"):
-        token = token.replace("~1", "/").replace("~0", "~")
-        if isinstance(node, Mapping) and token in node:
-            node = node[token]
-        elif isinstance(node, list) and token.isascii() and token.isdigit():
-            if int(token) >= len(node):
-                return None
-            node = node[int(token)]
+def _path(parts: Sequence[str | int]) -> str:
+    """A location in a value, like `$.items[2]` or `$["a b"]`."""
+    path = "$"
+    for part in parts:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif part.isidentifier():
+            path += f".{part}"
         else:
-            return None
-    return node
+            path += f"[{_show(part)}]"
+    return path
 
 
-def _canon(value: object, depth: int = 0) -> object:
-    """A hashable key equal for JSON-equal values: 1 equals 1.0, but never True."""
-    if depth > _MAX_DEPTH:
-        return ("deep", id(value))
-    if value is None or isinstance(value, bool):
-        return ("literal", value)
-    if isinstance(value, int | float):
-        return ("number", value)
-    if isinstance(value, str):
-        return ("string", value)
-    if isinstance(value, list | tuple):
-        return ("array", tuple(_canon(item, depth + 1) for item in value))
-    if isinstance(value, Mapping):
-        return (
-            "object",
-            frozenset((_canon(k, depth + 1), _canon(v, depth + 1)) for k, v in value.items()),
-        )
-    return ("other", id(value))
-
-
-def _none_matched(keyword: str, path: str, first_errors: list[str]) -> str:
-    head = f"{path}: "
-    reasons = "; ".join(
-        f"[{number}] {error.removeprefix(head)}" for number, error in enumerate(first_errors, 1)
-    )
-    return f"{path}: does not match any of the {keyword} alternatives: {reasons}"
-
-
-def _child(path: str, key: object) -> str:
-    if isinstance(key, str) and key.isidentifier():
-        return f"{path}.{key}"
-    return f"{path}[{_show(key)}]"
-
-
-def _name(key: object) -> str:
-    return f"'{key}'" if isinstance(key, str) else _show(key)
+def _ref_of(error: Unresolvable) -> str:
+    ref = getattr(error, "ref", None)
+    if not isinstance(ref, str):
+        return str(error)
+    return "#" + ref if ref.startswith("/") else ref  # a missing pointer comes without its "#"
 
 
 def _show(value: object, limit: int = 60) -> str:
@@ -385,4 +415,8 @@ def _show(value: object, limit: int = 60) -> str:
         text = json.dumps(value, ensure_ascii=False)
     except (TypeError, ValueError, RecursionError):
         return f"<{_kind(value)}>"
+    return _cut(text, limit)
+
+
+def _cut(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."

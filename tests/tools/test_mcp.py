@@ -472,3 +472,23 @@ async def test_a_run_cancelled_from_outside_during_a_call_stops_its_server() -> 
             scope.cancel()
     assert scope.cancelled_caught
     assert gone(pids[0])
+
+
+@pytest.mark.anyio
+async def test_a_logged_tool_whose_server_cannot_start_is_an_error_result_and_an_event() -> None:
+    ghost = McpServer("ghost", command="/nonexistent/turnkeeper-mcp-server")
+    spec = AgentSpec(tools=(ToolSpec("read", mcp_server="ghost"),), mcp_servers=(ghost,))
+    chat = ScriptedChat([tool_response(("read", {})), text_response("gave up")])
+    result = await run(spec, "go", chat)
+    assert (result.terminal, result.text) == ("end_turn", "gave up")
+    [failure] = events_of(result, McpFailed)
+    assert (failure.server, failure.reason, failure.tool, failure.tool_call_id) == (
+        "ghost",
+        "start_failed",
+        "read",
+        "call_1",
+    )
+    text, is_error = tool_texts(result)["call_1"]
+    assert is_error
+    assert text.startswith("read is unavailable: MCP server 'ghost' could not start: ")
+    assert "No such file or directory" in text

@@ -8,8 +8,17 @@ from typing import Any
 import anyio
 import pytest
 
-from turnkeeper.events import AgentSpec, InputError, ToolResult, ToolSpec, ToolUse
-from turnkeeper.tools._handlers import ToolContext, as_handler, as_text, check_call, run_tool
+from turnkeeper.events import AgentSpec, InputError, ToolCalled, ToolResult, ToolSpec, ToolUse
+from turnkeeper.providers import ScriptedChat, text_response, tool_response
+from turnkeeper.sessions import run
+from turnkeeper.tools._handlers import (
+    ToolContext,
+    as_handler,
+    as_text,
+    check_call,
+    coerce_call,
+    run_tool,
+)
 
 WEATHER = ToolSpec(
     "weather",
@@ -142,6 +151,51 @@ def test_every_schema_problem_is_listed() -> None:
 
 def test_a_spec_without_tools_allows_any_call() -> None:
     assert check_call(AgentSpec(), use("anything", {"x": [1, 2]})) is None
+
+
+def test_arguments_are_checked_after_the_safe_coercions() -> None:
+    assert check_call(SPEC, use(args={"city": "Oslo", "days": "2"})) is None
+    refusal = check_call(SPEC, use(args={"city": "Oslo", "days": "0"}))
+    assert refusal is not None
+    assert "$.days: 0 is less than the minimum 1" in refusal
+
+
+# coerce_call
+
+
+def test_coerce_call_gives_the_handler_coerced_arguments() -> None:
+    given = use(args={"city": "Oslo", "days": "2"})
+    assert coerce_call(SPEC, given) == ToolUse("call_1", "weather", {"city": "Oslo", "days": 2})
+    assert given.input == {"city": "Oslo", "days": "2"}
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        use(args={"city": "Oslo", "days": 2}),
+        use(args={"city": "Oslo", "days": "two"}),
+        use("radar", {"days": "2"}),
+    ],
+)
+def test_coerce_call_keeps_what_it_need_not_change(given: ToolUse) -> None:
+    assert coerce_call(SPEC, given) is given
+
+
+@pytest.mark.anyio
+async def test_run_hands_coerced_arguments_to_the_handler_and_logs_them() -> None:
+    seen: list[dict[str, Any]] = []
+
+    async def weather(city: str, days: int = 1) -> str:
+        seen.append({"city": city, "days": days})
+        return "sunny"
+
+    chat = ScriptedChat(
+        [tool_response(("weather", {"city": "Oslo", "days": "3"})), text_response("Sunny.")]
+    )
+    result = await run(SPEC, "Weather?", chat, tools={"weather": weather})
+    assert seen == [{"city": "Oslo", "days": 3}]
+    [called] = [e.event for e in result.events if isinstance(e.event, ToolCalled)]
+    assert called.input == {"city": "Oslo", "days": 3}
 
 
 # as_text

@@ -42,6 +42,7 @@ from turnkeeper.tools._handlers import (
     Tools,
     as_handler,
     check_call,
+    coerce_call,
     run_tool,
 )
 from turnkeeper.tools._mcp import McpPool, McpTools
@@ -115,6 +116,7 @@ class _Runner:
             if refusal is not None:
                 results[use.id] = ToolResult(use.id, refusal, is_error=True)
                 return
+            use = coerce_call(spec, use)
             async with limiter:
                 await self.emit(ToolCalled(tool_call_id=use.id, name=use.name, input=use.input))
                 ctx = ToolContext(self.state.session_id, use.id, use.name)

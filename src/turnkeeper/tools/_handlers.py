@@ -9,7 +9,7 @@ from typing import Any
 import anyio
 import msgspec
 
-from turnkeeper._jsonschema import validate
+from turnkeeper._jsonschema import coerce, validate
 from turnkeeper.events import AgentSpec, InputError, ToolResult, ToolUse
 
 
@@ -59,7 +59,11 @@ def as_handler(tools: Tools) -> ToolHandler:
 
 
 def check_call(spec: AgentSpec, use: ToolUse) -> str | None:
-    """Why `use` must not run (unknown tool, unreadable or invalid arguments), or None."""
+    """Why `use` must not run (unknown tool, unreadable or invalid arguments), or None.
+
+    The arguments are checked as `coerce_call` gives them to the handler, so `"3"` for
+    an integer is not refused.
+    """
     if use.error is not None:
         return f"{use.error}. Call {use.name} again with a JSON object as its arguments."
     if not spec.tools:
@@ -68,10 +72,21 @@ def check_call(spec: AgentSpec, use: ToolUse) -> str | None:
     if tool is None:
         known = ", ".join(t.name for t in spec.tools)
         return f"unknown tool {use.name!r}. The tools are: {known}."
-    errors = validate(tool.input_schema, use.input)
+    errors = validate(tool.input_schema, coerce(tool.input_schema, use.input))
     if errors:
         return f"invalid arguments for {use.name}: {'; '.join(errors)}. Fix them and try again."
     return None
+
+
+def coerce_call(spec: AgentSpec, use: ToolUse) -> ToolUse:
+    """`use` with its arguments as its handler gets them: with the safe coercions of
+    `coerce` for its tool's schema (`"3"` -> 3 for an integer, say); `use` itself when
+    nothing changes or the tool is not in the spec."""
+    tool = spec.tool(use.name)
+    if tool is None:
+        return use
+    arguments = coerce(tool.input_schema, use.input)
+    return use if arguments is use.input else msgspec.structs.replace(use, input=arguments)
 
 
 def as_text(value: Any) -> str:

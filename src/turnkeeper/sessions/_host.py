@@ -460,7 +460,7 @@ class Host:
                     if await self._advance_tools(session):
                         continue
                 elif session.mailbox:
-                    await self._poll(session, UserMessage(session.mailbox.popleft()))
+                    await self._poll(session, UserMessage(session.mailbox[0]), from_mailbox=True)
                     continue
             await session.wake.wait()
             session.wake = anyio.Event()
@@ -525,13 +525,26 @@ class Host:
             for use in uses:
                 group.start_soon(one, use)
 
-    async def _poll(self, session: _Session, given: Input) -> None:
-        """Log the poll's input and guard events, then make its model call."""
+    async def _poll(self, session: _Session, given: Input, *, from_mailbox: bool = False) -> None:
+        """Log the poll's input and guard events, then make its model call. A message
+        leaves the mailbox only once it is logged (so the session never looks idle
+        with a message in hand)."""
         async with session.lock:
-            events, state, request = begin_poll(
-                session.state, given, now=self.clock(), guard=self.guard
-            )
+            try:
+                events, state, request = begin_poll(
+                    session.state, given, now=self.clock(), guard=self.guard
+                )
+            except InputError as exc:
+                if not from_mailbox:
+                    raise
+                session.mailbox.popleft()
+                _log.error(
+                    "session.message_refused", session_id=session.state.session_id, error=str(exc)
+                )
+                return
             await self._commit(session, events, state)
+            if from_mailbox:
+                session.mailbox.popleft()
         if request is not None:
             await self._call_model(session)
 

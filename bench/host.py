@@ -1,0 +1,140 @@
+"""Many concurrent sessions in one Host on one SQLite log.
+
+    python bench/host.py [--sessions 1000 10000] [--latency 0.05] [--round-trips 5]
+
+Each session does `--round-trips` tool round trips against a scripted model that
+takes `--latency` seconds per reply, then answers. Prints, per session count:
+durable turns (model replies logged) per second, peak RSS per session, and p50/p99
+of the time from a model reply to its events being durable in SQLite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextvars
+import gc
+import resource
+import statistics
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from turnkeeper import AgentSpec, Host, SqliteLog, ToolSpec
+from turnkeeper.events import Envelope
+from turnkeeper.providers import text_response, tool_response
+
+SPEC = AgentSpec(system_prompt="Use the tool.", tools=(ToolSpec("step"),))
+
+_replied_at: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "replied_at", default=None
+)
+
+
+def rss_bytes() -> int:
+    """The process's resident set size now."""
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * resource.getpagesize()
+
+
+class TimedLog(SqliteLog):
+    """A SqliteLog that records how long after a model reply its events became durable."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.reply_to_durable: list[float] = []
+
+    async def append(self, events: Sequence[Envelope], *, expected_seq: int) -> None:
+        await super().append(events, expected_seq=expected_seq)
+        replied = _replied_at.get()
+        if replied is not None and any(e.type == "local.model_response" for e in events):
+            self.reply_to_durable.append(time.perf_counter() - replied)
+            _replied_at.set(None)
+
+
+def scripted_model(latency: float, round_trips: int) -> Any:
+    """Calls `step` until `round_trips` results are in, then answers; `latency` s per reply."""
+
+    async def chat(request: dict[str, Any]) -> dict[str, Any]:
+        await anyio.sleep(latency)
+        done = sum(message["role"] == "tool" for message in request["messages"])
+        response = (
+            tool_response(("step", {"n": done}))
+            if done < round_trips
+            else text_response(f"finished {done} steps")
+        )
+        _replied_at.set(time.perf_counter())
+        return response
+
+    return chat
+
+
+async def step(n: int) -> str:
+    return f"step {n} done"
+
+
+async def measure(sessions: int, latency: float, round_trips: int) -> dict[str, float]:
+    gc.collect()
+    with tempfile.TemporaryDirectory() as folder:
+        log = TimedLog(Path(folder) / "host.sqlite")
+        async with log:
+            baseline = rss_bytes()
+            peak = baseline
+            host = Host(chat=scripted_model(latency, round_trips), log=log, tools={"step": step})
+            async with host:
+                started = time.perf_counter()
+                ids = [await host.start(SPEC, f"Do {round_trips} steps.") for _ in range(sessions)]
+                async with anyio.create_task_group() as group:
+
+                    async def sample_rss() -> None:
+                        nonlocal peak
+                        while True:
+                            peak = max(peak, rss_bytes())
+                            await anyio.sleep(0.1)
+
+                    group.start_soon(sample_rss)
+                    async with anyio.create_task_group() as waiters:
+                        for session_id in ids:
+                            waiters.start_soon(host.result, session_id)
+                    group.cancel_scope.cancel()
+                elapsed = time.perf_counter() - started
+                turns = host.counters.get("model_calls", 0)
+                finished = sum(
+                    [(await host.status(i)).text == f"finished {round_trips} steps" for i in ids]
+                )
+            latencies = sorted(log.reply_to_durable)
+    return {
+        "sessions": sessions,
+        "finished": finished,
+        "turns_per_s": turns / elapsed,
+        "rss_per_session_kb": (peak - baseline) / sessions / 1024,
+        "peak_rss_mb": peak / 2**20,
+        "p50_ms": statistics.median(latencies) * 1000,
+        "p99_ms": latencies[int(len(latencies) * 0.99)] * 1000,
+    }
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--sessions", type=int, nargs="+", default=[1000, 10000])
+    parser.add_argument("--latency", type=float, default=0.05)
+    parser.add_argument("--round-trips", type=int, default=5)
+    args = parser.parse_args()
+    print(
+        f"{'sessions':>8} {'finished':>8} {'turns/s':>8} {'KB/session':>10} "
+        f"{'peak RSS MB':>11} {'p50 ms':>7} {'p99 ms':>7}"
+    )
+    for count in args.sessions:
+        row = await measure(count, args.latency, args.round_trips)
+        print(
+            f"{row['sessions']:>8.0f} {row['finished']:>8.0f} {row['turns_per_s']:>8.0f} "
+            f"{row['rss_per_session_kb']:>10.1f} {row['peak_rss_mb']:>11.1f} "
+            f"{row['p50_ms']:>7.1f} {row['p99_ms']:>7.1f}"
+        )
+
+
+if __name__ == "__main__":
+    anyio.run(main, backend="trio")

@@ -2,7 +2,7 @@
 # everything CI runs: lint, format check, strict type check and the whole test suite.
 VENV ?= .venv
 PY := $(VENV)/bin/python
-EXTRAS ?= dev
+EXTRAS ?= dev,mcp,otel
 
 .PHONY: setup lint typecheck test bench
 

@@ -16,6 +16,7 @@ from turnkeeper.events import (
     LogError,
     LoopDetection,
     MaxTurns,
+    McpServer,
     MemoryLog,
     ReplayError,
     SeqConflict,
@@ -60,6 +61,7 @@ from turnkeeper.sessions import (
     run,
 )
 from turnkeeper.tools import ParsedReply, ToolContext, parse_tool_calls
+from turnkeeper.tools._mcp import McpError, McpPool
 
 __all__ = [
     "AgentSpec",
@@ -84,6 +86,9 @@ __all__ = [
     "LogError",
     "LoopDetection",
     "MaxTurns",
+    "McpError",
+    "McpPool",
+    "McpServer",
     "MemoryLog",
     "OpenAIChat",
     "ParsedReply",

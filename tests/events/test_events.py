@@ -24,6 +24,7 @@ from turnkeeper.events import (
     GuardConfig,
     Halted,
     LogCorrupt,
+    McpFailed,
     MessageReceived,
     ModelResponded,
     SessionOpened,
@@ -54,6 +55,7 @@ TAGS: dict[type[Event], str] = {
     TerminalToolCalled: "local.terminal",
     Cancelled: "local.cancelled",
     Failed: "local.failed",
+    McpFailed: "local.mcp_error",
 }
 
 SPEC = AgentSpec(
@@ -104,6 +106,13 @@ EXAMPLES: list[AnyEvent] = [
     TerminalToolCalled(tool_call_id="call_3", name="search", result={"answer": 42}),
     Cancelled(reason="user asked"),
     Failed(error="crashed 3 times in 60 s"),
+    McpFailed(
+        server="files",
+        reason="timeout",
+        error="no answer in 60 s",
+        tool="read",
+        tool_call_id="call_4",
+    ),
 ]
 
 

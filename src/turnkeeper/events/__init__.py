@@ -20,6 +20,7 @@ from turnkeeper.events._events import (
     Event,
     Failed,
     Halted,
+    McpFailed,
     MessageReceived,
     ModelResponded,
     SessionOpened,
@@ -57,7 +58,15 @@ from turnkeeper.events._replay import replay
 from turnkeeper.events._report import collecting_events, report_event
 from turnkeeper.events._sqlite_log import SqliteLog
 from turnkeeper.events._state import SessionState, Status, apply_event, fold, initial_state
-from turnkeeper.events._types import AgentSpec, Message, ToolResult, ToolSpec, ToolUse, Usage
+from turnkeeper.events._types import (
+    AgentSpec,
+    McpServer,
+    Message,
+    ToolResult,
+    ToolSpec,
+    ToolUse,
+    Usage,
+)
 
 __all__ = [
     "AgentSpec",
@@ -85,6 +94,8 @@ __all__ = [
     "LogError",
     "LoopDetection",
     "MaxTurns",
+    "McpFailed",
+    "McpServer",
     "MemoryLog",
     "Message",
     "MessageReceived",

@@ -1,0 +1,373 @@
+"""Inline tools: tool calling for chat backends whose chat template has no tools.
+
+The tools go into the system prompt with a JSON reply format; earlier calls and results in
+the history are rewritten as plain turns; the reply text is parsed back into OpenAI-shaped
+tool calls. With `grammar=True` the request also carries a JSON schema (llama.cpp's
+`response_format`) that admits only a call of an offered tool with schema-valid arguments,
+or a final answer.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import re
+from typing import Any, Final
+
+from turnkeeper.providers._chat import Chat
+from turnkeeper.tools import ParsedCall, ParsedReply, parse_tool_calls
+
+FINAL_TURN_PREFIX: Final = "This is your last turn"
+"""How the final-turn directive begins; on it the reply is constrained to an answer."""
+
+RESULT_CHARS: Final = 1500
+"""Longest tool result written back into the history, in characters."""
+
+_ANSWER_KEY: Final = "answer"
+_NAMED_IN_DIRECTIVE = re.compile(r"`([^`]+)`")
+# Fields a backend without chat-template tools may reject.
+_TOOL_FIELDS: Final = ("tools", "tool_choice", "parallel_tool_calls")
+_EXAMPLE_VALUES: Final[dict[str, Any]] = {
+    "string": "text",
+    "integer": 1,
+    "number": 1.5,
+    "boolean": True,
+    "array": [],
+    "object": {},
+    "null": None,
+}
+
+
+class InlineTools:
+    """A chat backend that gives `chat` tool calling through the prompt and the reply text.
+
+    Use it for a backend whose chat template has no tools: a small local model, or an
+    OpenAI-compatible server that ignores `tools`. `grammar=True` sends llama.cpp's
+    `response_format={"type": "json_object", "schema": ...}` so every reply is a
+    well-formed call of an offered tool or `{"answer": ...}`; leave it off for servers
+    that do not accept a schema there. The response is OpenAI-shaped, with `tool_calls`
+    and finish_reason `tool_calls` when the reply held calls; the reply's own text, and
+    whether part of it looked like a call but could not be read, are kept under the
+    response's `turnkeeper` field (`reply_text`, `unreadable`).
+    """
+
+    def __init__(self, chat: Chat, *, grammar: bool = False) -> None:
+        self._chat = chat
+        self._grammar = grammar
+
+    @property
+    def grammar(self) -> bool:
+        """Whether requests carry a JSON-schema constraint on the reply."""
+        return self._grammar
+
+    async def __call__(self, request: dict[str, Any]) -> dict[str, Any]:
+        response = await self._chat(inline_request(request, grammar=self._grammar))
+        return inline_response(response, request)
+
+
+def inline_request(request: dict[str, Any], *, grammar: bool) -> dict[str, Any]:
+    """`request` rewritten for a backend without chat-template tools.
+
+    The tools move into the system prompt, assistant tool calls and `tool` messages become
+    plain turns (results cut to `RESULT_CHARS`), and consecutive turns of one role are
+    joined, as strict chat templates require. With `grammar`, `response_format` constrains
+    the reply: on a final-turn directive to an answer or a call of a tool it names.
+    """
+    tools = [_function_of(tool) for tool in request.get("tools") or []]
+    rewritten = {key: value for key, value in request.items() if key not in _TOOL_FIELDS}
+    messages = _plain_history(list(request.get("messages") or []))
+    if tools:
+        messages = _with_tool_prompt(messages, tools, grammar=grammar)
+        if grammar:
+            allowed = _tools_allowed(request, tools)
+            rewritten["response_format"] = {
+                "type": "json_object",
+                "schema": reply_schema(allowed),
+            }
+    rewritten["messages"] = messages
+    return rewritten
+
+
+def inline_response(response: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:
+    """The backend's `response` to the inline form of `request`, with calls read from its text.
+
+    A response that already has tool calls, or answers a request without tools, is
+    returned unchanged. Otherwise the first choice's text is parsed: calls become
+    `tool_calls` (ids derived from the request and the reply, arguments as JSON strings)
+    with finish_reason `tool_calls`; `{"answer": ...}` becomes the answer's text; prose
+    stays content. The text and an `unreadable` flag go under `response["turnkeeper"]`.
+    """
+    choices = response.get("choices")
+    if not request.get("tools") or not isinstance(choices, list) or not choices:
+        return response
+    choice = choices[0]
+    message = choice.get("message") if isinstance(choice, dict) else None
+    if not isinstance(message, dict) or message.get("tool_calls"):
+        return response
+    text = message.get("content")
+    if not isinstance(text, str):
+        return response
+    answer = _answer_of(text)
+    parsed = ParsedReply(answer, (), False) if answer is not None else parse_tool_calls(text)
+    content, calls, unreadable = parsed.content, parsed.calls, parsed.unreadable
+    new_message = {**message, "content": content}
+    finish_reason = choice.get("finish_reason")
+    if calls:
+        salt = _digest(request.get("messages"), text)
+        new_message["tool_calls"] = [
+            _tool_call(call, f"call_{_digest(salt, index)[:24]}")
+            for index, call in enumerate(calls)
+        ]
+        finish_reason = "tool_calls"
+    elif finish_reason != "length":
+        finish_reason = "stop"
+    new_choice = {**choice, "message": new_message, "finish_reason": finish_reason}
+    return {
+        **response,
+        "choices": [new_choice, *choices[1:]],
+        "turnkeeper": {"reply_text": text, "unreadable": unreadable},
+    }
+
+
+def reply_schema(tools: list[dict[str, Any]]) -> dict[str, Any]:
+    """The JSON schema of a reply: one call of one of `tools` with valid arguments, or an answer.
+
+    `tools` are OpenAI `function` objects (`name`, `parameters`).
+    """
+    answer = {
+        "type": "object",
+        "properties": {_ANSWER_KEY: {"type": "string"}},
+        "required": [_ANSWER_KEY],
+        "additionalProperties": False,
+    }
+    calls = [
+        {
+            "type": "object",
+            "properties": {
+                "name": {"const": tool["name"]},
+                "arguments": _parameters_of(tool),
+            },
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+        }
+        for tool in tools
+    ]
+    return {"anyOf": [*calls, answer]}
+
+
+def _function_of(tool: Any) -> dict[str, Any]:
+    """The `function` object of an OpenAI tool (or the tool itself when given bare)."""
+    if isinstance(tool, dict):
+        function = tool.get("function", tool)
+        if isinstance(function, dict) and isinstance(function.get("name"), str):
+            return function
+    return {"name": str(tool), "parameters": {"type": "object", "properties": {}}}
+
+
+def _parameters_of(tool: dict[str, Any]) -> dict[str, Any]:
+    parameters = tool.get("parameters")
+    if isinstance(parameters, dict) and parameters:
+        return parameters
+    return {"type": "object", "properties": {}}
+
+
+def _tools_allowed(request: dict[str, Any], tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The tools a reply may call: all, or on a final-turn directive only those it names."""
+    directive = _last_user_text(request.get("messages") or [])
+    if directive is None or not directive.startswith(FINAL_TURN_PREFIX):
+        return tools
+    named = set(_NAMED_IN_DIRECTIVE.findall(directive))
+    return [tool for tool in tools if tool["name"] in named]
+
+
+def _last_user_text(messages: list[Any]) -> str | None:
+    for message in reversed(messages):
+        if isinstance(message, dict) and message.get("role") == "user":
+            return _text_of(message.get("content"))
+    return None
+
+
+def _with_tool_prompt(
+    messages: list[dict[str, Any]], tools: list[dict[str, Any]], *, grammar: bool
+) -> list[dict[str, Any]]:
+    """`messages` with the tool instructions appended to the system message (made if none)."""
+    prompt = tool_prompt(tools, grammar=grammar)
+    if messages and messages[0].get("role") == "system":
+        system = _text_of(messages[0].get("content"))
+        head = {**messages[0], "content": f"{system}\n\n{prompt}" if system else prompt}
+        return [head, *messages[1:]]
+    return [{"role": "system", "content": prompt}, *messages]
+
+
+def tool_prompt(tools: list[dict[str, Any]], *, grammar: bool) -> str:
+    """The system-prompt section that lists `tools` and the reply format, with an example."""
+    lines = ["You can use these tools:"]
+    for tool in tools:
+        lines.extend(_tool_lines(tool))
+    first = tools[0]
+    example = {"name": first["name"], "arguments": _example_arguments(_parameters_of(first))}
+    lines += [
+        "",
+        "To use a tool, reply with only a JSON object, nothing else:",
+        '{"name": "<tool name>", "arguments": {<argument values>}}',
+        f"For example: {json.dumps(example, ensure_ascii=False)}",
+        "The tool's result comes back to you in the next message.",
+    ]
+    if grammar:
+        lines.append('When you have the final answer, reply with {"answer": "<your answer>"}.')
+    else:
+        lines.append("When you have the final answer, reply with it in plain text.")
+    return "\n".join(lines)
+
+
+def _tool_lines(tool: dict[str, Any]) -> list[str]:
+    """`- name(arg: type, opt?: type): description`, then one line per described argument."""
+    parameters = _parameters_of(tool)
+    properties = parameters.get("properties")
+    properties = properties if isinstance(properties, dict) else {}
+    required = parameters.get("required")
+    required = set(required) if isinstance(required, list) else set()
+    signature = ", ".join(
+        f"{name}{'' if name in required else '?'}: {_type_of(schema)}"
+        for name, schema in properties.items()
+    )
+    description = str(tool.get("description") or "").strip()
+    head = f"- {tool['name']}({signature})"
+    lines = [f"{head}: {description}" if description else head]
+    for name, schema in properties.items():
+        if isinstance(schema, dict) and schema.get("description"):
+            lines.append(f"    {name}: {str(schema['description']).strip()}")
+    return lines
+
+
+def _type_of(schema: Any) -> str:
+    if not isinstance(schema, dict):
+        return "any"
+    if isinstance(schema.get("enum"), list):
+        return " | ".join(json.dumps(value, ensure_ascii=False) for value in schema["enum"])
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        return " | ".join(str(item) for item in kind)
+    if kind == "array":
+        return f"array of {_type_of(schema.get('items'))}"
+    return str(kind) if kind else "any"
+
+
+def _example_arguments(parameters: dict[str, Any]) -> dict[str, Any]:
+    """Example arguments for a worked call: every required argument, else the first one."""
+    properties = parameters.get("properties")
+    if not isinstance(properties, dict) or not properties:
+        return {}
+    required = parameters.get("required")
+    names = [name for name in properties if isinstance(required, list) and name in required]
+    return {name: _example_value(properties[name]) for name in names or list(properties)[:1]}
+
+
+def _example_value(schema: Any) -> Any:
+    if not isinstance(schema, dict):
+        return _EXAMPLE_VALUES["string"]
+    examples = schema.get("examples")
+    if isinstance(examples, list) and examples:
+        return examples[0]
+    if "default" in schema:
+        return schema["default"]
+    if isinstance(schema.get("enum"), list) and schema["enum"]:
+        return schema["enum"][0]
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kind = kind[0] if kind else "string"
+    return copy.deepcopy(_EXAMPLE_VALUES.get(str(kind), _EXAMPLE_VALUES["string"]))
+
+
+def _plain_history(messages: list[Any]) -> list[dict[str, Any]]:
+    """The history with tool calls and results as plain turns, same-role turns joined."""
+    names: dict[str, str] = {}
+    plain: list[dict[str, Any]] = []
+    for message in messages:
+        if not isinstance(message, dict):
+            continue
+        role = message.get("role")
+        text = _text_of(message.get("content"))
+        if role == "assistant" and message.get("tool_calls"):
+            written = [text] if text else []
+            for call in message["tool_calls"]:
+                name, arguments, call_id = _call_parts(call)
+                names[call_id] = name
+                written.append(json.dumps({"name": name, "arguments": arguments}))
+            plain.append({"role": "assistant", "content": "\n".join(written)})
+        elif role == "tool":
+            name = names.get(str(message.get("tool_call_id")), "the tool")
+            plain.append({"role": "user", "content": f"Result of {name}: {_cut(text)}"})
+        else:
+            plain.append({"role": role, "content": text})
+    return _joined(plain)
+
+
+def _call_parts(call: Any) -> tuple[str, Any, str]:
+    """A tool call's name, decoded arguments (`{}` if unreadable) and id."""
+    call = call if isinstance(call, dict) else {}
+    function = call.get("function")
+    function = function if isinstance(function, dict) else {}
+    raw = function.get("arguments")
+    arguments: Any = raw if isinstance(raw, dict) else {}
+    if isinstance(raw, str):
+        try:
+            arguments = json.loads(raw)
+        except ValueError:
+            arguments = {}
+    return str(function.get("name")), arguments, str(call.get("id"))
+
+
+def _joined(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    joined: list[dict[str, Any]] = []
+    for message in messages:
+        if joined and joined[-1]["role"] == message["role"] and message["role"] != "system":
+            previous = joined[-1]
+            joined[-1] = {**previous, "content": f"{previous['content']}\n\n{message['content']}"}
+        else:
+            joined.append(message)
+    return joined
+
+
+def _cut(text: str) -> str:
+    if len(text) <= RESULT_CHARS:
+        return text
+    return f"{text[:RESULT_CHARS]}… [cut: {len(text) - RESULT_CHARS} more characters]"
+
+
+def _text_of(content: Any) -> str:
+    """A message's text: the string, or the text parts of a list of content parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+    return ""
+
+
+def _answer_of(text: str) -> str | None:
+    """The answer's text when `text` is exactly `{"answer": ...}`, else None."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(value, dict) or set(value) != {_ANSWER_KEY}:
+        return None
+    answer = value[_ANSWER_KEY]
+    return answer if isinstance(answer, str) else json.dumps(answer, ensure_ascii=False)
+
+
+def _tool_call(call: ParsedCall, call_id: str) -> dict[str, Any]:
+    return {
+        "id": call_id,
+        "type": "function",
+        "function": {
+            "name": call.name,
+            "arguments": json.dumps(call.arguments, ensure_ascii=False),
+        },
+    }
+
+
+def _digest(*parts: Any) -> str:
+    encoded = json.dumps(parts, sort_keys=True, ensure_ascii=False, default=repr)
+    return hashlib.sha256(encoded.encode("utf-8", "surrogatepass")).hexdigest()

@@ -1,0 +1,1 @@
+"""The `turnkeeper` command's parts; `turnkeeper.cli` is its entry point."""

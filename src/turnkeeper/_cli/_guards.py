@@ -1,0 +1,61 @@
+"""`--guards CONFIG`: a GuardConfig from inline JSON or a JSON file, strictly checked."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from turnkeeper.events import GuardConfig, InputError
+
+
+def _unknown_field(
+    value: Any, info: msgspec.inspect.Type, path: str
+) -> tuple[str, list[str]] | None:
+    """The path of the first key in `value` that `info` has no field for, and the fields
+    there, if any; msgspec itself ignores unknown keys, so a misspelt guard would silently
+    keep its default."""
+    if isinstance(info, msgspec.inspect.UnionType):
+        for member in info.types:
+            found = _unknown_field(value, member, path)
+            if found is not None:
+                return found
+        return None
+    if not (isinstance(info, msgspec.inspect.StructType) and isinstance(value, dict)):
+        return None
+    fields = {field.encode_name: field for field in info.fields}
+    for key, item in value.items():
+        field = fields.get(key)
+        if field is None:
+            return f"{path}.{key}", list(fields)
+        found = _unknown_field(item, field.type, f"{path}.{key}")
+        if found is not None:
+            return found
+    return None
+
+
+def parse_guards(config: str) -> GuardConfig:
+    """The GuardConfig in `config`: JSON text if it starts with `{`, else a JSON file's path.
+    Fields left out keep their defaults; `null` turns a guard off."""
+    if config.lstrip().startswith("{"):
+        data = config.encode()
+    else:
+        path = Path(config)
+        if not path.is_file():
+            raise InputError(f"--guards: {config!r} is neither a JSON object nor a file")
+        data = path.read_bytes()
+    try:
+        raw = msgspec.json.decode(data)
+    except msgspec.DecodeError as exc:
+        raise InputError(f"--guards: not valid JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise InputError(f"--guards: expected a JSON object, got {type(raw).__name__}")
+    unknown = _unknown_field(raw, msgspec.inspect.type_info(GuardConfig), "$")
+    if unknown is not None:
+        where, known = unknown
+        raise InputError(f"--guards: unknown field `{where}` (expected one of: {', '.join(known)})")
+    try:
+        return msgspec.convert(raw, GuardConfig)
+    except msgspec.ValidationError as exc:
+        raise InputError(f"--guards: {exc}") from None

@@ -1,0 +1,140 @@
+"""Logs named on the command line: a `.jsonl` file, a JsonlLog directory, or a SQLite file.
+
+A path ending in `.jsonl` is one JSON Lines file (what `export` writes); an existing
+directory is a JsonlLog (one file per session); anything else is a SQLite log.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from types import TracebackType
+from typing import Literal, Self
+
+import anyio
+import msgspec
+
+from turnkeeper.events import (
+    Envelope,
+    EventLog,
+    InputError,
+    JsonlLog,
+    JsonlRead,
+    LogError,
+    SqliteLog,
+    encode_envelope,
+    read_jsonl,
+)
+
+
+class LoadedLog(msgspec.Struct, frozen=True):
+    """Every session of a log, in the log's order, and a warning about a skipped torn line."""
+
+    sessions: dict[str, tuple[Envelope, ...]]
+    warning: str | None = None
+
+    def session(self, session_id: str | None, path: str) -> tuple[str, tuple[Envelope, ...]]:
+        """The session `session_id`, or the log's only session when it is None."""
+        if session_id is not None:
+            events = self.sessions.get(session_id)
+            if events is None:
+                raise InputError(f"--session: {path} holds no session {session_id!r}")
+            return session_id, events
+        if len(self.sessions) == 1:
+            return next(iter(self.sessions.items()))
+        if not self.sessions:
+            raise InputError(f"{path}: the log holds no sessions")
+        raise InputError(
+            f"{path} holds {len(self.sessions)} sessions: pick one with --session ID "
+            f"(list them with: turnkeeper sessions --log {path})"
+        )
+
+
+Kind = Literal["missing", "jsonl", "directory", "sqlite"]
+
+
+def _kind(path: Path) -> Kind:
+    if path.is_dir():
+        return "directory"
+    if path.suffix == ".jsonl":
+        return "jsonl" if path.exists() else "missing"
+    return "sqlite" if path.exists() else "missing"
+
+
+def _open(path: Path, kind: Kind) -> EventLog:
+    return JsonlLog(path) if kind == "directory" else SqliteLog(path)
+
+
+async def _read_jsonl(path: Path) -> JsonlRead:
+    try:
+        return await anyio.to_thread.run_sync(read_jsonl, path)
+    except LogError as exc:
+        raise LogError(f"{path}: {exc}") from None
+
+
+async def load_log(name: str) -> LoadedLog:
+    """Read every session from the log at `name`; InputError if there is none there."""
+    path = Path(name)
+    kind = await anyio.to_thread.run_sync(_kind, path)
+    if kind == "missing":
+        raise InputError(f"{name}: no such log file")
+    if kind == "jsonl":
+        read = await _read_jsonl(path)
+        sessions: dict[str, list[Envelope]] = {}
+        for envelope in read.events:
+            sessions.setdefault(envelope.session_id, []).append(envelope)
+        warning = None
+        if read.torn is not None:
+            torn = read.torn
+            warning = f"{name}: skipped the unfinished last line {torn.line} ({torn.error})"
+        return LoadedLog({key: tuple(events) for key, events in sessions.items()}, warning)
+    async with _open(path, kind) as log:
+        loaded = {key: tuple(await log.read(key)) for key in await log.sessions()}
+    return LoadedLog(loaded)
+
+
+def _append_line(path: Path, line: bytes) -> None:
+    with path.open("ab") as file:
+        file.write(line)
+        file.flush()
+        os.fsync(file.fileno())
+
+
+class Recorder:
+    """Appends one session's events to a log as they happen, each durable before the next."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._path = Path(name)
+        self._log: EventLog | None = None
+
+    async def __aenter__(self) -> Self:
+        kind = await anyio.to_thread.run_sync(_kind, self._path)
+        if self._path.suffix == ".jsonl" and kind != "directory":
+            if kind == "jsonl":
+                read = await _read_jsonl(self._path)
+                if read.torn is not None:
+                    raise InputError(
+                        f"--log {self.name}: line {read.torn.line} is unfinished (a write was "
+                        "cut short); move the file aside or repair it first"
+                    )
+        else:
+            self._log = await _open(self._path, kind).__aenter__()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if self._log is not None:
+            await self._log.close()
+
+    async def record(self, envelope: Envelope) -> None:
+        """Append `envelope` (the session's next event)."""
+        if self._log is not None:
+            await self._log.append([envelope], expected_seq=envelope.seq - 1)
+        else:
+            line = encode_envelope(envelope) + b"\n"
+            await anyio.to_thread.run_sync(_append_line, self._path, line)

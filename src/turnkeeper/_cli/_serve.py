@@ -1,0 +1,65 @@
+"""`turnkeeper serve`: the HTTP API for orchestrators, on trio, until SIGINT or SIGTERM."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import anyio
+import msgspec
+
+from turnkeeper._cli import _codes
+from turnkeeper._cli._backend import chat_backend
+from turnkeeper.events import InputError
+
+if TYPE_CHECKING:
+    from turnkeeper.service import Listening
+
+
+class ServeOptions(msgspec.Struct, frozen=True):
+    host: str
+    port: int
+    log: str
+    base_url: str | None
+    model: str | None
+    token_file: str | None
+
+
+async def _given_token(options: ServeOptions) -> str | None:
+    """The token from `--token-file` (its first line), else None (the service then takes
+    TURNKEEPER_TOKEN, or makes one)."""
+    if options.token_file is None:
+        return None
+    text = await anyio.Path(Path(options.token_file)).read_text()
+    token = text.strip()
+    if not token or "\n" in token:
+        raise InputError(f"--token-file {options.token_file}: expected one line, the token")
+    return token
+
+
+async def serve_command(options: ServeOptions) -> int:
+    """Serve until stopped; print the URL, and the token when it was made up here."""
+    # Imported here: the web stack is slow to import and only `serve` needs it.
+    from turnkeeper.service import TOKEN_VARIABLE, serve
+
+    token = await _given_token(options)
+    made_up = token is None and not os.environ.get(TOKEN_VARIABLE)
+
+    def ready(listening: Listening) -> None:
+        print(f"turnkeeper serving on {listening.url}/v1 (log: {options.log})", flush=True)
+        if made_up:
+            print(f"token: {listening.token}", flush=True)
+        else:
+            source = "--token-file" if options.token_file is not None else TOKEN_VARIABLE
+            print(f"token: from {source}", flush=True)
+
+    await serve(
+        chat=chat_backend(options.base_url, options.model),
+        host=options.host,
+        port=options.port,
+        log_path=options.log,
+        token=token,
+        ready=ready,
+    )
+    return _codes.OK

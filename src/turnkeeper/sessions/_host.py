@@ -26,6 +26,7 @@ from turnkeeper.events import (
     AnyEvent,
     Cancelled,
     ChatError,
+    ChatFailed,
     Envelope,
     Failed,
     GuardConfig,
@@ -118,6 +119,7 @@ class _Session:
         self.changed = anyio.Event()
         self.done = anyio.Event()
         self.scope: anyio.CancelScope | None = None
+        self.task_scope: anyio.CancelScope | None = None
         self.running = False
         self.errored = errored
         self.error: str | None = None
@@ -196,8 +198,15 @@ class Host:
         return self
 
     async def __aexit__(self, *exc_info: Any) -> bool | None:
-        await self.stop()
         assert self._stack is not None
+        try:
+            await self.stop()
+        except BaseException as exc:
+            # Cancelled while stopping: the task group must still be left, and be given the
+            # cancellation (it swallows its own, and ends the sessions on any).
+            if not await self._stack.__aexit__(type(exc), exc, exc.__traceback__):
+                raise
+            return True
         return await self._stack.__aexit__(*exc_info)
 
     # -- the API -------------------------------------------------------------------------
@@ -328,12 +337,17 @@ class Host:
         for session in self._sessions.values():
             self._wake(session)
         limit = self.stop_grace if grace is None else grace
-        with anyio.move_on_after(limit):
-            for session in list(self._sessions.values()):
-                if session.running:
-                    await session.done.wait()
-        if self._group is not None:
-            self._group.cancel_scope.cancel()
+        try:
+            with anyio.move_on_after(limit):
+                for session in list(self._sessions.values()):
+                    if session.running:
+                        await session.done.wait()
+        finally:
+            # Each session's own scope, not the task group's: the `async with` body runs
+            # inside the group's scope and must survive an explicit stop().
+            for session in self._sessions.values():
+                if session.task_scope is not None:
+                    session.task_scope.cancel()
         if self._owns_log:
             await self.log.close()
 
@@ -356,7 +370,11 @@ class Host:
         events = await self.log.read(session_id)
         if not events:
             raise UnknownSession(f"no session {session_id}")
-        return _Session(replay(events), errored=events[-1].type == "local.chat_error")
+        session = _Session(replay(events), errored=events[-1].type == "local.chat_error")
+        last = events[-1].event
+        if isinstance(last, ChatFailed | Failed):
+            session.error = last.error
+        return session
 
     async def _load(self, session_id: str) -> _Session:
         session = self._sessions.get(session_id)
@@ -383,7 +401,14 @@ class Host:
             return
         session.running = True
         session.done = anyio.Event()
-        self._group.start_soon(self._supervise, session, name=f"session {session.state.session_id}")
+        self._group.start_soon(self._run, session, name=f"session {session.state.session_id}")
+
+    async def _run(self, session: _Session) -> None:
+        """Supervise the session in a scope of its own, which stop() cancels after the grace."""
+        with anyio.CancelScope() as session.task_scope:
+            if self._stopping:
+                session.task_scope.cancel()
+            await self._supervise(session)
 
     async def _supervise(self, session: _Session) -> None:
         """Run the session's actor; restart it from the log when it crashes."""
@@ -400,7 +425,7 @@ class Host:
                     session.crashes = [
                         t for t in session.crashes if now - t < self.restart_window
                     ] + [now]
-                    session.error = f"{type(exc).__name__}: {exc}"
+                    session.error = _describe(exc)
                     self._count("session_crashes")
                     _log.error("session.crashed", session_id=session_id, error=session.error)
                     if len(session.crashes) > self.max_restarts:
@@ -418,9 +443,13 @@ class Host:
                         return
                     session.state = rebuilt.state
                     session.errored = rebuilt.errored
+                    session.error = rebuilt.error
                     _log.info(
                         "session.restarted", session_id=session_id, restarts=len(session.crashes)
                     )
+                    # The log may hold more than the crashed task saw (an append that
+                    # landed but raised), so the status may have moved: tell the waiters.
+                    self._note(session)
                 else:
                     return
         finally:
@@ -545,6 +574,7 @@ class Host:
             await self._commit(session, events, state)
             if from_mailbox:
                 session.mailbox.popleft()
+                self._note(session)
         if request is not None:
             await self._call_model(session)
 
@@ -678,6 +708,13 @@ class Host:
             queued=len(session.mailbox),
             error=session.error if status in ("errored", "failed") else None,
         )
+
+
+def _describe(exc: BaseException) -> str:
+    """`Type: message` of the exception, looking inside a group of one (a task group's)."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _advance_seq(state: SessionState, count: int) -> SessionState:

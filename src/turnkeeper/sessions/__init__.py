@@ -10,6 +10,7 @@ from turnkeeper.events import (
     ToolUse,
     Usage,
 )
+from turnkeeper.providers._chat import Chat
 from turnkeeper.sessions._host import (
     Busy,
     Host,
@@ -22,7 +23,6 @@ from turnkeeper.sessions._inputs import Input, Kickoff, Resume, UserMessage
 from turnkeeper.sessions._normalize import Terminal, TurnResult, normalize
 from turnkeeper.sessions._open import new_session_id, open_session
 from turnkeeper.sessions._poll import (
-    Chat,
     begin_poll,
     build_request,
     check_response,

@@ -8,7 +8,7 @@ reads the clock and awaits the chat backend.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import msgspec
@@ -38,9 +38,8 @@ from turnkeeper.events import (
 )
 from turnkeeper.events._messages import text_of, tool_uses_of
 from turnkeeper.guards import Guard, GuardView, Reply, default_guards, window
+from turnkeeper.providers._chat import Chat as Chat
 from turnkeeper.sessions._inputs import Input, Kickoff, Resume, UserMessage
-
-Chat = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 
 _json = msgspec.json.Encoder()
 

@@ -32,10 +32,11 @@ from turnkeeper.events import (
 )
 from turnkeeper.guards import Guard, default_guards
 from turnkeeper.guards._builtin import with_last_result
+from turnkeeper.providers._chat import Chat
 from turnkeeper.sessions._inputs import Input, Kickoff, Resume
 from turnkeeper.sessions._normalize import Terminal, TurnResult, normalize
 from turnkeeper.sessions._open import open_session
-from turnkeeper.sessions._poll import Chat, emit, opened_event, poll_turn
+from turnkeeper.sessions._poll import emit, opened_event, poll_turn
 from turnkeeper.tools._handlers import (
     ToolContext,
     ToolHandler,

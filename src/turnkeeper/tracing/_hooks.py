@@ -3,14 +3,13 @@ OpenTelemetry; with it, the hooks hand over to the tracer in `_otel`."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Protocol
 
 from turnkeeper.events import Envelope, SessionState, ToolResult, ToolSpec, ToolUse
 from turnkeeper.events._events import McpFailed
-
-Chat = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+from turnkeeper.providers._chat import Chat
 
 
 class AgentSpan(Protocol):

@@ -1,0 +1,463 @@
+"""Host: the API of the actor runtime, on both anyio backends.
+
+Sessions run on deterministic models (a script, or the stepper of host_worker that
+reads its progress from the history), so each test knows every event to expect.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import anyio
+import pytest
+
+from tests.sessions.host_worker import (
+    SPEC,
+    answer_for,
+    check_log,
+    prompt_for,
+    settle,
+    step_text,
+    step_tool,
+    stepper,
+)
+from turnkeeper.events import (
+    AgentSpec,
+    Cancelled,
+    ChatError,
+    ChatFailed,
+    Envelope,
+    InputError,
+    MessageReceived,
+    ModelResponded,
+    ToolResult,
+    ToolSpec,
+    ToolUse,
+)
+from turnkeeper.events._memory_log import MemoryLog
+from turnkeeper.providers import ScriptedChat, text_response, tool_response
+from turnkeeper.sessions import Busy, Host, HostStopped, UnknownSession
+from turnkeeper.tools._handlers import ToolContext
+
+pytestmark = pytest.mark.anyio
+
+ASK = ToolSpec("ask", "Ask a person.", {"type": "object", "properties": {"q": {"type": "string"}}})
+REMOTE_SPEC = AgentSpec(system_prompt="Ask when unsure.", tools=(*SPEC.tools, ASK))
+
+
+def types(events: list[Envelope]) -> list[str]:
+    return [envelope.type for envelope in events]
+
+
+async def check_consistent(host: Host, log: MemoryLog, session_id: str) -> None:
+    """The log checks out and replays to exactly the host's live state."""
+    state = check_log(await log.read(session_id))
+    assert state == host._sessions[session_id].state
+    assert state.seq == (await host.status(session_id)).seq
+
+
+class Gate:
+    """A model call that blocks until the test opens the gate."""
+
+    def __init__(self, reply: dict[str, Any]) -> None:
+        self.reply = reply
+        self.entered = anyio.Event()
+        self.opened = anyio.Event()
+        self.calls = 0
+        self.cancelled = False
+
+    async def __call__(self, request: dict[str, Any]) -> dict[str, Any]:
+        self.calls += 1
+        self.entered.set()
+        try:
+            await self.opened.wait()
+        except BaseException:
+            self.cancelled = True
+            raise
+        return self.reply
+
+
+async def test_start_runs_to_idle_with_the_answer() -> None:
+    log = MemoryLog()
+    chat = ScriptedChat([text_response("hello there", usage=(5, 2))])
+    async with Host(chat=chat, log=log) as host:
+        session_id = await host.start(SPEC, "say hello", session_id="greeter")
+        info = await settle(host, session_id)
+        assert (info.session_id, info.status, info.text) == ("greeter", "idle", "hello there")
+        assert (info.stop_reason, info.polls, info.pending, info.error) == ("stop", 1, (), None)
+        assert (info.usage.prompt_tokens, info.usage.completion_tokens) == (5, 2)
+        assert types(await host.events(session_id)) == [
+            "local.session_opened",
+            "local.user_message",
+            "local.model_response",
+        ]
+        assert await host.sessions() == ["greeter"]
+        assert host.counters["model_calls"] == 1
+        await check_consistent(host, log, session_id)
+    assert chat.requests[0]["messages"][-1] == {"role": "user", "content": "say hello"}
+
+
+async def test_tools_given_as_a_mapping_run_in_process() -> None:
+    log = MemoryLog()
+    ran: list[int] = []
+
+    async def step(n: int) -> str:
+        ran.append(n)
+        return step_text(n)
+
+    async with Host(chat=stepper(), log=log, tools={"step": step}) as host:
+        session_id = await host.start(SPEC, prompt_for(3))
+        info = await settle(host, session_id)
+        assert (info.status, info.text, info.polls) == ("idle", answer_for(3), 4)
+        await check_consistent(host, log, session_id)
+    assert ran == [1, 2, 3]
+    events = await log.read(session_id)
+    assert types(events).count("local.tool_call") == 3
+    assert types(events).count("local.tool_result") == 3
+
+
+async def test_a_single_handler_gets_the_session_and_the_call_id() -> None:
+    log = MemoryLog()
+    seen: list[tuple[str, str, str, dict[str, Any]]] = []
+
+    async def handler(name: str, args: dict[str, Any], ctx: ToolContext) -> str:
+        seen.append((ctx.session_id, ctx.tool_call_id, name, args))
+        return step_text(args["n"])
+
+    async with Host(chat=stepper(), log=log, tools=handler) as host:
+        session_id = await host.start(SPEC, prompt_for(2), session_id="one")
+        assert (await settle(host, session_id)).text == answer_for(2)
+        await check_consistent(host, log, session_id)
+    assert seen == [
+        ("one", "step-1", "step", {"n": 1}),
+        ("one", "step-2", "step", {"n": 2}),
+    ]
+
+
+async def test_a_call_without_a_handler_parks_the_session_until_results_come() -> None:
+    log = MemoryLog()
+    chat = ScriptedChat(
+        [
+            tool_response(("step", {"n": 1}, "s1"), ("ask", {"q": "which?"}, "a1")),
+            text_response("thanks"),
+        ]
+    )
+
+    async def step(n: int) -> str:
+        return step_text(n)
+
+    async with Host(chat=chat, log=log, tools={"step": step}) as host:
+        session_id = await host.start(REMOTE_SPEC, "go")
+        info = await settle(host, session_id)
+        # The step runs here; only the ask waits for the outside.
+        assert info.status == "requires_action"
+        assert info.pending == (ToolUse("a1", "ask", {"q": "which?"}),)
+        events = await host.events(session_id)
+        responses = [e for e in events if e.type == "local.model_response"]
+        reply = responses[0].event
+        assert isinstance(reply, ModelResponded)
+        calls = reply.message["tool_calls"]
+        assert [call["id"] for call in calls] == ["s1", "a1"]
+        await check_consistent(host, log, session_id)
+
+        await host.submit_tool_results(session_id, [ToolResult("a1", "the blue one")])
+        info = await settle(host, session_id)
+        assert (info.status, info.text, info.pending) == ("idle", "thanks", ())
+        await check_consistent(host, log, session_id)
+    last_request = chat.requests[-1]["messages"]
+    assert last_request[-2:] == [
+        {"role": "tool", "tool_call_id": "s1", "content": step_text(1)},
+        {"role": "tool", "tool_call_id": "a1", "content": "the blue one"},
+    ]
+
+
+async def test_bad_tool_results_are_rejected_naming_them_and_change_nothing() -> None:
+    log = MemoryLog()
+    chat = ScriptedChat(
+        [tool_response(("ask", {"q": "x"}, "a1"), ("ask", {"q": "y"}, "a2")), text_response("ok")]
+    )
+    async with Host(chat=chat, log=log) as host:
+        session_id = await host.start(REMOTE_SPEC, "go")
+        assert (await settle(host, session_id)).status == "requires_action"
+        before = await log.read(session_id)
+        bad = {
+            "unknown tool call ids ['zz']": [
+                ToolResult("a1", "1"),
+                ToolResult("a2", "2"),
+                ToolResult("zz", "3"),
+            ],
+            "no result for ['a2']": [ToolResult("a1", "1")],
+            "more than one result for ['a1']": [
+                ToolResult("a1", "1"),
+                ToolResult("a1", "again"),
+                ToolResult("a2", "2"),
+            ],
+        }
+        for named, results in bad.items():
+            with pytest.raises(InputError, match=named.replace("[", r"\[").replace("]", r"\]")):
+                await host.submit_tool_results(session_id, results)
+        with pytest.raises(InputError, match="expected ToolResult"):
+            await host.submit_tool_results(session_id, ["a1"])  # type: ignore[list-item]
+        with pytest.raises(InputError, match="a1, a2; submit them first"):
+            await host.send(session_id, "never mind")
+        assert await log.read(session_id) == before
+        info = await host.status(session_id)
+        assert (info.status, [use.id for use in info.pending]) == ("requires_action", ["a1", "a2"])
+
+        await host.submit_tool_results(session_id, [ToolResult("a2", "2"), ToolResult("a1", "1")])
+        assert (await settle(host, session_id)).text == "ok"
+        with pytest.raises(InputError, match="not waiting for tool results"):
+            await host.submit_tool_results(session_id, [ToolResult("a1", "1")])
+        await check_consistent(host, log, session_id)
+
+
+async def test_a_full_mailbox_is_busy_and_queued_messages_are_kept() -> None:
+    log = MemoryLog()
+    gate = Gate(text_response("first answer"))
+    later = ScriptedChat([text_response("second answer")])
+
+    async def chat(request: dict[str, Any]) -> dict[str, Any]:
+        return await (gate if gate.calls == 0 else later)(request)
+
+    async with Host(chat=chat, log=log, mailbox_size=1) as host:
+        session_id = await host.start(SPEC, "first")
+        await gate.entered.wait()
+        await host.send(session_id, "second")
+        with pytest.raises(Busy, match=f"session {session_id}: mailbox full"):
+            await host.send(session_id, "third")
+        info = await host.status(session_id)
+        assert (info.status, info.queued) == ("running", 1)
+        gate.opened.set()
+        info = await settle(host, session_id)
+        assert (info.status, info.text, info.queued) == ("idle", "second answer", 0)
+        events = await log.read(session_id)
+        texts = [e.event.text for e in events if isinstance(e.event, MessageReceived)]
+        assert texts == ["first", "second"]
+        await check_consistent(host, log, session_id)
+
+
+async def test_unknown_sessions_are_named() -> None:
+    async with Host(chat=ScriptedChat([])) as host:
+        for call in (
+            host.status("nope"),
+            host.send("nope", "hi"),
+            host.events("nope"),
+            host.result("nope"),
+            host.cancel("nope"),
+            host.retry("nope"),
+            host.submit_tool_results("nope", []),
+        ):
+            with pytest.raises(UnknownSession, match="nope"):
+                await call
+        with pytest.raises(UnknownSession):
+            await host.status("")
+
+
+async def test_a_session_id_is_taken_once() -> None:
+    async with Host(chat=ScriptedChat([text_response("hi")])) as host:
+        await host.start(SPEC, "hello", session_id="taken")
+        with pytest.raises(InputError, match="session_id: taken already exists"):
+            await host.start(SPEC, "again", session_id="taken")
+
+
+async def test_a_stopped_host_takes_no_work() -> None:
+    log = MemoryLog()
+    host = Host(chat=ScriptedChat([text_response("hi")]), log=log)
+    with pytest.raises(HostStopped):
+        await host.start(SPEC, "too early")
+    async with host:
+        session_id = await host.start(SPEC, "hello")
+        await settle(host, session_id)
+    with pytest.raises(HostStopped, match="not running"):
+        await host.start(SPEC, "too late")
+    with pytest.raises(HostStopped):
+        await host.send(session_id, "too late")
+    with pytest.raises(HostStopped):
+        await host.submit_tool_results(session_id, [])
+    assert len(await log.read(session_id)) == 3
+
+
+async def test_bad_arguments_are_input_errors() -> None:
+    with pytest.raises(InputError, match="mailbox_size"):
+        Host(chat=ScriptedChat([]), mailbox_size=0)
+    async with Host(chat=ScriptedChat([text_response("hi")])) as host:
+        session_id = await host.start(SPEC, "hello")
+        await settle(host, session_id)
+        with pytest.raises(InputError, match="text: expected a string, got int"):
+            await host.send(session_id, 42)  # type: ignore[arg-type]
+
+
+async def test_cancel_in_a_model_call_stops_the_session_for_good() -> None:
+    log = MemoryLog()
+    gate = Gate(text_response("too late"))
+    async with Host(chat=gate, log=log) as host:
+        session_id = await host.start(SPEC, "think hard")
+        await gate.entered.wait()
+        await host.cancel(session_id, reason="user gave up")
+        assert gate.cancelled
+        info = await host.status(session_id)
+        assert (info.status, info.stop_reason) == ("cancelled", "cancelled")
+        events = await host.events(session_id)
+        assert types(events)[-1] == "local.cancelled"
+        assert events[-1].event == Cancelled(reason="user gave up")
+        with pytest.raises(InputError, match="is cancelled and takes no messages"):
+            await host.send(session_id, "hello?")
+        await host.cancel(session_id)
+        assert len(await log.read(session_id)) == len(events)
+        await check_consistent(host, log, session_id)
+    assert gate.calls == 1
+
+
+async def test_cancel_a_parked_session_answers_its_calls_in_history() -> None:
+    log = MemoryLog()
+    chat = ScriptedChat([tool_response(("ask", {"q": "x"}, "a1"))])
+    async with Host(chat=chat, log=log) as host:
+        session_id = await host.start(REMOTE_SPEC, "go")
+        assert (await settle(host, session_id)).status == "requires_action"
+        await host.cancel(session_id)
+        assert (await host.status(session_id)).status == "cancelled"
+        with pytest.raises(InputError, match="not waiting for tool results"):
+            await host.submit_tool_results(session_id, [ToolResult("a1", "late")])
+        await check_consistent(host, log, session_id)
+
+
+async def test_a_permanent_chat_error_is_errored_and_retry_finishes_it() -> None:
+    log = MemoryLog()
+    chat = ScriptedChat(
+        [ChatError("HTTP 400: context too long", transient=False, status=400), text_response("ok")]
+    )
+    async with Host(chat=chat, log=log) as host:
+        session_id = await host.start(SPEC, "hello")
+        info = await settle(host, session_id)
+        assert (info.status, info.error) == ("errored", "HTTP 400: context too long")
+        events = await host.events(session_id)
+        assert types(events)[-1] == "local.chat_error"
+        failure = events[-1].event
+        assert isinstance(failure, ChatFailed)
+        assert (failure.status, failure.transient) == (400, False)
+        assert host.counters["chat_errors"] == 1
+        await check_consistent(host, log, session_id)
+
+        await host.retry(session_id)
+        info = await settle(host, session_id)
+        assert (info.status, info.text, info.error) == ("idle", "ok", None)
+        await check_consistent(host, log, session_id)
+    assert chat.calls == 2
+    assert chat.requests[0]["messages"] == chat.requests[1]["messages"]
+
+
+async def test_a_malformed_response_is_errored_with_the_response_kept() -> None:
+    log = MemoryLog()
+    chat = ScriptedChat([{"nothing": "useful"}])
+    async with Host(chat=chat, log=log) as host:
+        session_id = await host.start(SPEC, "hello")
+        info = await settle(host, session_id)
+        assert info.status == "errored"
+        assert info.error is not None
+        assert info.error.startswith("malformed response")
+        last = (await log.read(session_id))[-1]
+        assert isinstance(last.event, ChatFailed)
+        assert last.event.response == {"nothing": "useful"}
+        await check_consistent(host, log, session_id)
+
+
+async def test_send_after_idle_starts_a_new_episode() -> None:
+    log = MemoryLog()
+    async with Host(chat=stepper(), log=log, tools=step_tool()) as host:
+        session_id = await host.start(SPEC, prompt_for(2))
+        assert (await settle(host, session_id)).text == answer_for(2)
+        await host.send(session_id, prompt_for(3))
+        info = await settle(host, session_id)
+        # polls count the new episode only: three steps and the answer.
+        assert (info.status, info.text, info.polls) == ("idle", answer_for(3), 4)
+        await check_consistent(host, log, session_id)
+
+
+async def test_many_sessions_run_side_by_side() -> None:
+    log = MemoryLog()
+    async with Host(chat=stepper(0.001), log=log, tools=step_tool(0.001)) as host:
+        ids = [await host.start(SPEC, prompt_for(1 + i % 4)) for i in range(40)]
+        for index, session_id in enumerate(ids):
+            info = await settle(host, session_id)
+            assert (info.status, info.text) == ("idle", answer_for(1 + index % 4))
+            await check_consistent(host, log, session_id)
+        assert sorted(await host.sessions()) == sorted(ids)
+
+
+async def test_events_long_poll_returns_soon_after_a_new_event() -> None:
+    log = MemoryLog()
+    async with Host(chat=stepper(), log=log, tools=step_tool()) as host:
+        session_id = await host.start(SPEC, prompt_for(1))
+        await settle(host, session_id)
+        last = (await host.status(session_id)).seq
+        assert await host.events(session_id, after=last, wait=0) == []
+        sent_at: list[float] = []
+
+        async def send_later() -> None:
+            await anyio.sleep(0.2)
+            sent_at.append(anyio.current_time())
+            await host.send(session_id, prompt_for(1, "again"))
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(send_later)
+            started = anyio.current_time()
+            found = await host.events(session_id, after=last, wait=5)
+            returned = anyio.current_time()
+        assert found[0].seq == last + 1
+        assert found[0].type == "local.user_message"
+        # Woken by the event, not by the 5 s timeout (the latency figures are in bench/).
+        assert returned - started < 1.0
+        print(f"long-poll woke {1000 * (returned - sent_at[0]):.2f} ms after send")
+
+
+async def test_events_long_poll_times_out_empty() -> None:
+    async with Host(chat=ScriptedChat([text_response("hi")])) as host:
+        session_id = await host.start(SPEC, "hello")
+        await settle(host, session_id)
+        last = (await host.status(session_id)).seq
+        started = anyio.current_time()
+        assert await host.events(session_id, after=last, wait=0.1) == []
+        assert anyio.current_time() - started >= 0.1
+        assert len(await host.events(session_id, after=1)) == last - 1
+
+
+async def test_result_waits_until_the_session_is_at_rest() -> None:
+    gate = Gate(text_response("finally"))
+    async with Host(chat=gate) as host:
+        session_id = await host.start(SPEC, "slow")
+        info = await host.result(session_id, wait=0.05)
+        assert info.status == "running"
+        gate.opened.set()
+        assert (await host.result(session_id)).text == "finally"
+
+
+async def test_one_log_line_per_status_transition(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="turnkeeper.host")
+    chat = ScriptedChat(
+        [tool_response(("ask", {"q": "x"}, "a1")), text_response("done"), text_response("more")]
+    )
+    async with Host(chat=chat) as host:
+        session_id = await host.start(REMOTE_SPEC, "go", session_id="logged")
+        await settle(host, session_id)
+        await host.submit_tool_results(session_id, [ToolResult("a1", "y")])
+        await settle(host, session_id)
+        await host.send(session_id, "again")
+        await settle(host, session_id)
+    lines = [
+        json.loads(record.getMessage())
+        for record in caplog.records
+        if record.name == "turnkeeper.host"
+    ]
+    transitions = [line for line in lines if line["event"] == "session.transition"]
+    assert all(line["session_id"] == "logged" for line in transitions)
+    assert [(line["previous"], line["status"]) for line in transitions] == [
+        (None, "running"),
+        ("running", "requires_action"),
+        ("requires_action", "running"),
+        ("running", "idle"),
+        ("idle", "running"),
+        ("running", "idle"),
+    ]
+    assert all("timestamp" in line and line["seq"] >= 1 for line in transitions)

@@ -28,6 +28,9 @@ from turnkeeper.tools._handlers import Tools
 
 # Orchestrators open many connections at once; hypercorn's default backlog is 100.
 _BACKLOG = 1024
+# Longer than clients keep idle connections pooled (httpx: 5 s, like hypercorn's default),
+# so a client never sends on a connection the server is just closing.
+_KEEP_ALIVE_SECONDS = 75.0
 
 _log = structlog.wrap_logger(
     logging.getLogger("turnkeeper.service"),
@@ -122,6 +125,7 @@ def _listen(host: str, port: int) -> tuple[Config, Sockets]:
     config = Config()
     config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
     config.backlog = _BACKLOG
+    config.keep_alive_timeout = _KEEP_ALIVE_SECONDS
     try:
         sockets = config.create_sockets()
     except OSError as exc:

@@ -1,0 +1,53 @@
+"""The Prometheus exposition: it parses, carries every status and counter, and its
+quantiles are order statistics of the append latencies."""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tests.service.prometheus import parse_exposition
+from turnkeeper.service._metrics import COUNTERS, QUANTILES, STATUSES, quantile, render_metrics
+
+counts = st.integers(min_value=0, max_value=10**12)
+
+
+@given(
+    st.dictionaries(st.sampled_from(STATUSES), counts),
+    st.dictionaries(st.sampled_from([name for name, _ in COUNTERS]), counts),
+    st.lists(st.floats(min_value=0, max_value=100, allow_nan=False)),
+)
+def test_the_exposition_parses_and_carries_every_value(
+    statuses: dict[str, int], counters: dict[str, int], seconds: list[float]
+) -> None:
+    samples, types = parse_exposition(render_metrics(statuses, counters, seconds))
+    for status in STATUSES:
+        assert samples[("turnkeeper_sessions", (("status", status),))] == statuses.get(status, 0)
+    for name, _ in COUNTERS:
+        assert types[f"turnkeeper_{name}_total"] == "counter"
+        assert samples[(f"turnkeeper_{name}_total", ())] == counters.get(name, 0)
+    for q in QUANTILES:
+        value = samples[("turnkeeper_log_append_seconds", (("quantile", str(q)),))]
+        if seconds:
+            assert value in seconds
+        else:
+            assert math.isnan(value)
+
+
+@given(st.lists(st.floats(allow_nan=False, allow_infinity=False), min_size=1), st.floats(0, 1))
+def test_a_quantile_is_an_order_statistic(values: list[float], q: float) -> None:
+    ordered = sorted(values)
+    found = quantile(ordered, q)
+    assert found in values
+    below = sum(value <= found for value in values)
+    assert below >= q * len(values)
+
+
+def test_quantiles_of_known_values() -> None:
+    ordered = [float(n) for n in range(1, 101)]
+    assert quantile(ordered, 0.5) == 50.0
+    assert quantile(ordered, 0.99) == 99.0
+    assert quantile(ordered, 0.0) == 1.0
+    assert math.isnan(quantile([], 0.5))

@@ -1,0 +1,374 @@
+"""The service as a real subprocess on a free 127.0.0.1 port, driven with httpx: the
+flows an orchestrator uses, SSE with reconnects, every bad request, auth, 200
+concurrent sessions, `kill -9` and a restart on the same log, and a graceful stop."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import msgspec
+import pytest
+
+from tests.service.bad_requests import CASES, case_body, check_error, setup_bodies
+from tests.service.process import TOKEN, ServerProcess
+from tests.service.prometheus import parse_exposition
+from tests.service.server_main import ASK_SPEC, LOOKUP_SPEC, answer_for
+from tests.service.sse import SseEvent, parse_sse
+from turnkeeper.events import Envelope, ToolReturned
+from turnkeeper.service import ErrorBody, EventPage, SessionPage
+from turnkeeper.sessions import SessionInfo
+
+LOOKUP = msgspec.to_builtins(LOOKUP_SPEC)
+ASK = msgspec.to_builtins(ASK_SPEC)
+
+
+def create(client: httpx.Client, body: dict[str, Any]) -> str:
+    response = client.post("/v1/sessions", json=body)
+    assert response.status_code == 201, response.text
+    session_id: str = response.json()["session_id"]
+    return session_id
+
+
+def settled(client: httpx.Client, session_id: str) -> SessionInfo:
+    """The session once it is no longer running (long-polling its status)."""
+    while True:
+        response = client.get(f"/v1/sessions/{session_id}", params={"wait": 10})
+        assert response.status_code == 200, response.text
+        info = msgspec.json.decode(response.content, type=SessionInfo)
+        if info.status != "running":
+            return info
+
+
+def all_events(client: httpx.Client, session_id: str) -> list[Envelope]:
+    page = client.get(f"/v1/sessions/{session_id}/events", params={"limit": 1000})
+    assert page.status_code == 200
+    return msgspec.json.decode(page.content, type=EventPage).events
+
+
+def test_create_then_long_poll_to_completion(server: ServerProcess) -> None:
+    with server.client() as client:
+        session_id = create(client, {"spec": LOOKUP, "prompt": "slow-p1"})
+        seen: list[Envelope] = []
+        after = 0
+        while True:
+            response = client.get(
+                f"/v1/sessions/{session_id}/events", params={"after": after, "wait": 10}
+            )
+            assert response.status_code == 200
+            page = msgspec.json.decode(response.content, type=EventPage)
+            seen += page.events
+            after = page.next_after
+            info = msgspec.json.decode(
+                client.get(f"/v1/sessions/{session_id}").content, type=SessionInfo
+            )
+            if info.status != "running" and after == info.seq:
+                break
+        assert [envelope.seq for envelope in seen] == list(range(1, info.seq + 1))
+        assert seen[0].type == "local.session_opened"
+        assert seen[-1].type == "local.model_response"
+        assert [e.type for e in seen].count("local.tool_call") == 2
+        assert info.status == "idle"
+        assert info.text == answer_for("slow-p1")
+        assert info.usage.prompt_tokens == 10
+
+
+def read_stream(
+    client: httpx.Client, session_id: str, *, last_event_id: int | None, until_seq: int | None
+) -> tuple[list[SseEvent], list[SseEvent]]:
+    """(events, comments) from one connection to the stream, closed after the event with
+    seq `until_seq` (or after the first ping comment following the events, when None)."""
+    headers = {} if last_event_id is None else {"Last-Event-ID": str(last_event_id)}
+    events: list[SseEvent] = []
+    comments: list[SseEvent] = []
+    with client.stream(
+        "GET", f"/v1/sessions/{session_id}/events/stream", headers=headers
+    ) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        for item in parse_sse(response.iter_lines()):
+            if item.comment is not None:
+                comments.append(item)
+                if until_seq is None:
+                    break
+                continue
+            events.append(item)
+            if until_seq is not None and item.id == str(until_seq):
+                break
+    return events, comments
+
+
+def test_sse_stream_resumes_from_last_event_id_with_nothing_lost_or_repeated(
+    server: ServerProcess,
+) -> None:
+    with server.client() as client:
+        session_id = create(client, {"spec": LOOKUP, "prompt": "slow-sse"})
+        first, _ = read_stream(client, session_id, last_event_id=None, until_seq=3)
+        info = settled(client, session_id)
+        assert info.text == answer_for("slow-sse")
+        rest, _ = read_stream(client, session_id, last_event_id=3, until_seq=info.seq)
+        # Caught up: an idle stream sends keep-alive pings.
+        tail, pings = read_stream(client, session_id, last_event_id=info.seq, until_seq=None)
+        assert tail == []
+        assert pings[0].comment == "ping"
+        streamed = first + rest
+        assert [event.id for event in streamed] == [str(n) for n in range(1, info.seq + 1)]
+        logged = all_events(client, session_id)
+        assert [event.event for event in streamed] == [envelope.type for envelope in logged]
+        assert [
+            msgspec.json.decode(event.data or "", type=Envelope) for event in streamed
+        ] == logged
+
+
+def test_tool_results_return_control_to_the_orchestrator(server: ServerProcess) -> None:
+    with server.client() as client:
+        session_id = create(client, {"spec": ASK, "prompt": "q1"})
+        info = settled(client, session_id)
+        assert info.status == "requires_action"
+        (pending,) = info.pending
+        assert pending.name == "ask_human"
+        refused = client.post(f"/v1/sessions/{session_id}/messages", json={"text": "hurry"})
+        assert refused.status_code == 409
+        assert pending.id in refused.json()["error"]["message"]
+        accepted = client.post(
+            f"/v1/sessions/{session_id}/tool_results",
+            json={"results": [{"tool_use_id": pending.id, "text": "yes"}]},
+        )
+        assert accepted.status_code == 202, accepted.text
+        done = settled(client, session_id)
+        assert done.status == "idle"
+        assert done.text == answer_for("q1", "yes")
+        answered = [
+            e.event
+            for e in all_events(client, session_id)
+            if isinstance(e.event, ToolReturned) and e.event.tool_call_id == pending.id
+        ]
+        assert [(event.text, event.is_error) for event in answered] == [("yes", False)]
+
+
+def test_cancel_a_running_session(server: ServerProcess) -> None:
+    with server.client() as client:
+        session_id = create(client, {"spec": LOOKUP, "prompt": "slow-cancel"})
+        response = client.post(f"/v1/sessions/{session_id}/cancel")
+        assert response.status_code == 200
+        info = msgspec.json.decode(response.content, type=SessionInfo)
+        assert info.status == "cancelled"
+        assert all_events(client, session_id)[-1].type == "local.cancelled"
+        assert settled(client, session_id).status == "cancelled"
+        again = client.post(f"/v1/sessions/{session_id}/cancel")
+        assert again.status_code == 200
+        assert [e.type for e in all_events(client, session_id)].count("local.cancelled") == 1
+
+
+@pytest.mark.parametrize(
+    ("headers", "problem"),
+    [
+        ({}, "missing Authorization"),
+        ({"Authorization": "Bearer not-the-token"}, "wrong token"),
+        ({"Authorization": f"Basic {TOKEN}"}, "Bearer scheme"),
+        ({"Authorization": "Bearer"}, "wrong token"),
+    ],
+)
+def test_auth_failures_are_401_everywhere_but_health(
+    server: ServerProcess, headers: dict[str, str], problem: str
+) -> None:
+    with httpx.Client(base_url=server.url, headers=headers, timeout=60) as bare:
+        for method, path in [
+            ("POST", "/v1/sessions"),
+            ("GET", "/v1/sessions"),
+            ("GET", "/v1/sessions/x"),
+            ("GET", "/v1/sessions/x/events"),
+            ("GET", "/v1/sessions/x/events/stream"),
+            ("POST", "/v1/sessions/x/cancel"),
+            ("GET", "/v1/metrics"),
+            ("GET", "/v1/openapi.json"),
+        ]:
+            response = bare.request(method, path, json={"prompt": "x"})
+            assert response.status_code == 401, (method, path)
+            error = msgspec.json.decode(response.content, type=ErrorBody).error
+            assert problem in error.message
+            assert error.field == "Authorization"
+        assert bare.get("/v1/healthz").json() == {"status": "ok"}
+
+
+def snapshot(client: httpx.Client, session_ids: list[str]) -> object:
+    listing = client.get("/v1/sessions", params={"limit": 1000})
+    assert listing.status_code == 200
+    return listing.json(), [all_events(client, session_id) for session_id in session_ids]
+
+
+def test_every_bad_request_is_a_4xx_naming_the_field_and_changes_nothing(
+    server: ServerProcess,
+) -> None:
+    with server.client() as client:
+        idle_body, waiting_body = setup_bodies()
+        idle = create(client, idle_body)
+        waiting = create(client, waiting_body)
+        assert settled(client, idle).status == "idle"
+        assert settled(client, waiting).status == "requires_action"
+        before = snapshot(client, [idle, waiting])
+        for case in CASES:
+            body = case_body(case, idle=idle)
+            content: bytes | Iterator[bytes] | None = body
+            if case.chunked and body is not None:
+                content = iter([body[i : i + 4096] for i in range(0, len(body), 4096)])
+            response = client.request(
+                case.method,
+                case.path.format(idle=idle, waiting=waiting),
+                content=content,
+                headers=case.headers,
+            )
+            check_error(case, response.status_code, response.content)
+            assert snapshot(client, [idle, waiting]) == before, case.name
+
+
+@pytest.mark.anyio
+async def test_200_concurrent_sessions_all_finish_with_the_right_answer(
+    server: ServerProcess,
+) -> None:
+    prompts = [f"c{n}" for n in range(200)]
+    answers: dict[str, tuple[str, SessionInfo]] = {}
+    async with server.async_client() as client:
+
+        async def one(prompt: str) -> None:
+            response = await client.post("/v1/sessions", json={"spec": LOOKUP, "prompt": prompt})
+            assert response.status_code == 201, response.text
+            session_id = response.json()["session_id"]
+            while True:
+                polled = await client.get(f"/v1/sessions/{session_id}", params={"wait": 30})
+                assert polled.status_code == 200, polled.text
+                info = msgspec.json.decode(polled.content, type=SessionInfo)
+                if info.status != "running":
+                    answers[prompt] = (session_id, info)
+                    return
+
+        async with anyio.create_task_group() as group:
+            for prompt in prompts:
+                group.start_soon(one, prompt)
+
+        assert sorted(answers) == sorted(prompts)
+        for prompt, (_, info) in answers.items():
+            assert info.status == "idle"
+            assert info.text == answer_for(prompt)
+        listed: set[str] = set()
+        cursor: str | None = None
+        while True:
+            params = {"limit": 64} | ({"cursor": cursor} if cursor else {})
+            page = msgspec.json.decode(
+                (await client.get("/v1/sessions", params=params)).content, type=SessionPage
+            )
+            listed |= {info.session_id for info in page.sessions}
+            cursor = page.next_cursor
+            if cursor is None:
+                break
+        assert {session_id for session_id, _ in answers.values()} <= listed
+
+
+def test_metrics_parse_and_the_counters_move(server: ServerProcess) -> None:
+    with server.client() as client:
+        samples, types = metrics(client)
+        assert types["turnkeeper_sessions"] == "gauge"
+        assert types["turnkeeper_model_calls_total"] == "counter"
+        assert types["turnkeeper_log_append_seconds"] == "summary"
+        # A tool whose arguments never validate: tool errors, then the max-turns halt.
+        strict = {"name": "lookup", "input_schema": {"type": "object", "required": ["id"]}}
+        session_id = create(client, {"spec": {"tools": [strict]}, "prompt": "m", "max_turns": 3})
+        info = settled(client, session_id)
+        assert info.status == "halted"
+        after, _ = metrics(client)
+
+        def moved(name: str, labels: tuple[tuple[str, str], ...] = ()) -> float:
+            return after[(name, labels)] - samples.get((name, labels), 0)
+
+        assert moved("turnkeeper_model_calls_total") == 3
+        assert moved("turnkeeper_tool_errors_total") >= 2
+        assert moved("turnkeeper_sessions", (("status", "halted"),)) == 1
+        assert after[("turnkeeper_log_append_seconds", (("quantile", "0.99"),))] > 0
+
+
+def metrics(client: httpx.Client) -> tuple[dict[Any, float], dict[str, str]]:
+    response = client.get("/v1/metrics")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain; version=0.0.4")
+    return parse_exposition(response.text)
+
+
+def test_kill_9_then_restart_on_the_same_log_loses_nothing(tmp_path: Path) -> None:
+    log_path = tmp_path / "log.sqlite"
+    stderr = tmp_path / "stderr.log"
+    first = ServerProcess(log_path, stderr_path=stderr)
+    with first, first.client() as client:
+        done = [create(client, {"spec": LOOKUP, "prompt": f"fast{n}"}) for n in range(3)]
+        for session_id in done:
+            assert settled(client, session_id).status == "idle"
+        waiting = create(client, {"spec": ASK, "prompt": "ask"})
+        assert settled(client, waiting).status == "requires_action"
+        slow = [create(client, {"spec": LOOKUP, "prompt": f"slow{n}"}) for n in range(20)]
+        # Wait until work is in flight: the last session has made its first tool call.
+        while not any(e.type == "local.tool_call" for e in all_events(client, slow[-1])):
+            client.get(f"/v1/sessions/{slow[-1]}/events", params={"after": 0, "wait": 1})
+        first.kill()
+    prompts = {session_id: f"fast{n}" for n, session_id in enumerate(done)}
+    prompts |= {session_id: f"slow{n}" for n, session_id in enumerate(slow)}
+    with ServerProcess(log_path, stderr_path=stderr) as second, second.client() as client:
+        for session_id, prompt in prompts.items():
+            info = settled(client, session_id)
+            assert info.status == "idle", (prompt, info)
+            assert info.text == answer_for(prompt)
+            events = all_events(client, session_id)
+            assert [e.seq for e in events] == list(range(1, info.seq + 1))
+        info = settled(client, waiting)
+        assert info.status == "requires_action"
+        response = client.post(
+            f"/v1/sessions/{waiting}/tool_results",
+            json={"results": [{"tool_use_id": info.pending[0].id, "text": "later"}]},
+        )
+        assert response.status_code == 202
+        assert settled(client, waiting).text == answer_for("ask", "later")
+        listed = msgspec.json.decode(
+            client.get("/v1/sessions", params={"limit": 100}).content, type=SessionPage
+        )
+        assert {info.session_id for info in listed.sessions} == {*prompts, waiting}
+
+
+def test_sigterm_stops_gracefully_ending_streams_and_the_log_reopens(tmp_path: Path) -> None:
+    log_path = tmp_path / "log.sqlite"
+    stderr = tmp_path / "stderr.log"
+    running = ServerProcess(log_path, stderr_path=stderr, ping=3600, token=None)
+    with running, running.client() as client:
+        assert len(running.token) >= 32  # generated, as no TURNKEEPER_TOKEN was set
+        session_id = create(client, {"spec": LOOKUP, "prompt": "before"})
+        info = settled(client, session_id)
+        streamed: list[SseEvent] = []
+        opened = threading.Event()
+
+        def listen() -> None:
+            with client.stream("GET", f"/v1/sessions/{session_id}/events/stream") as response:
+                opened.set()
+                streamed.extend(parse_sse(response.iter_lines()))
+
+        listener = threading.Thread(target=listen)
+        listener.start()
+        assert opened.wait(60)
+        assert running.stop(signal.SIGTERM) == 0
+        listener.join(60)
+        assert not listener.is_alive()  # the server ended the stream
+        assert [event.id for event in streamed] == [str(n) for n in range(1, info.seq + 1)]
+    with ServerProcess(log_path, stderr_path=stderr) as again, again.client() as client:
+        assert settled(client, session_id) == info
+    assert "Traceback" not in stderr.read_text()
+
+
+def test_openapi_is_served_and_json(server: ServerProcess) -> None:
+    with server.client() as client:
+        response = client.get("/v1/openapi.json")
+        assert response.status_code == 200
+        document = json.loads(response.content)
+        assert document["openapi"].startswith("3.1")
+        assert "/v1/sessions/{session_id}/events/stream" in document["paths"]

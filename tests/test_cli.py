@@ -19,11 +19,13 @@ import httpx
 import msgspec
 import pytest
 
-from tests.providers.openai_server import ChatServer, Reply, serve_chat
+from tests.providers.openai_server import Behaviour, ChatServer, Reply, Stall, serve_chat
 from turnkeeper.events import (
     AgentSpec,
+    Budget,
     Envelope,
     GuardConfig,
+    Halted,
     ModelResponded,
     SessionOpened,
     decode_envelope,
@@ -58,7 +60,7 @@ def cli(*args: str, cwd: Path) -> Done:
 
 
 @contextmanager
-def chat_server(*script: Reply) -> Iterator[ChatServer]:
+def chat_server(*script: Behaviour) -> Iterator[ChatServer]:
     """The scripted chat server, run on trio in a thread of its own while the test (and the
     command it starts) go on in this one."""
     with (
@@ -114,8 +116,24 @@ def test_run_shows_each_step_live_then_the_answer(tmp_path: Path) -> None:
 
 def test_run_json_prints_every_event_as_json_lines(tmp_path: Path) -> None:
     with chat_server(reply(ADD), reply(ANSWER)) as server:
-        done = cli("run", "What is 2+3?", "--base-url", server.base_url, "--json", cwd=tmp_path)
+        done = cli(
+            "run",
+            "What is 2+3?",
+            "--base-url",
+            server.base_url,
+            "--model",
+            "tiny-1b",
+            "--system",
+            "Be exact.",
+            "--json",
+            cwd=tmp_path,
+        )
     assert (done.code, done.err) == (0, "")
+    assert server.received[0].body["model"] == "tiny-1b"
+    assert calls(server)[0][:2] == [
+        {"role": "system", "content": "Be exact."},
+        {"role": "user", "content": "What is 2+3?"},
+    ]
     events = events_of(done.out)
     assert [envelope.seq for envelope in events] == list(range(1, len(events) + 1))
     assert [envelope.type for envelope in events] == [
@@ -150,6 +168,59 @@ def test_run_retries_a_transient_failure_and_shows_the_retry(tmp_path: Path) -> 
     assert "retry 1 in " in done.err
     assert "HTTP 503: busy" in done.err
     assert len(server.received) == 2
+
+
+def test_run_guards_change_only_the_guards_they_name(tmp_path: Path) -> None:
+    with chat_server(reply(ADD), reply(ANSWER)) as server:
+        done = cli(
+            "run",
+            "What is 2+3?",
+            "--base-url",
+            server.base_url,
+            "--guards",
+            '{"budget": {"max_tokens": 5}}',
+            "--json",
+            cwd=tmp_path,
+        )
+    assert done.code == 1
+    events = events_of(done.out)
+    opened = events[0].event
+    assert isinstance(opened, SessionOpened)
+    assert opened.guards == GuardConfig(budget=Budget(max_tokens=5))
+    last = events[-1].event
+    assert isinstance(last, Halted)
+    assert (last.guard, last.reason) == ("budget", "budget_exceeded")
+    assert len(server.received) == 1
+
+
+def test_run_exits_1_when_its_timeout_stops_it(tmp_path: Path) -> None:
+    with chat_server(Stall()) as server:
+        done = cli("run", "hi", "--base-url", server.base_url, "--timeout", "0.5", cwd=tmp_path)
+    assert done.code == 1
+    assert "halted by runner (timeout)" in done.err
+    assert done.out.startswith("I stopped because the run took longer than its 0.5 s timeout.")
+
+
+def test_ctrl_c_stops_a_run_with_exit_130_and_keeps_its_log(tmp_path: Path) -> None:
+    with chat_server(reply(ADD), Stall()) as server:
+        process = subprocess.Popen(
+            [*COMMAND, "run", "What is 2+3?", "--base-url", server.base_url, "--log", "c.jsonl"],
+            cwd=tmp_path,
+            env=clean_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert process.stderr is not None
+        # The second model call hangs; interrupt it.
+        seen = [process.stderr.readline() for _ in range(7)]
+        assert seen[-1] == "model: thinking…\n"
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=LIMIT)
+    assert process.returncode == 130
+    assert (out, err) == ("", "turnkeeper: interrupted\n")
+    logged = [envelope.type for envelope in read_jsonl(tmp_path / "c.jsonl").events]
+    assert logged[-2:] == ["local.tool_call", "local.tool_result"]
 
 
 USER_TOOLS = """
@@ -262,8 +333,12 @@ def test_a_recorded_loop_replays_and_would_halt_under_other_guards(
         "(the log shows: call the model)"
     )
 
-    (tmp_path / "defaults.json").write_text("{}")
-    warning = cli("replay", path, "--guards", str(tmp_path / "defaults.json"), cwd=tmp_path)
+    unchanged = cli("replay", path, "--guards", "{}", cwd=tmp_path)
+    assert unchanged.code == 0
+    assert unchanged.out.splitlines()[-1].endswith("the same outcome at every poll")
+
+    (tmp_path / "loop-on.json").write_text('{"loop": {}}')
+    warning = cli("replay", path, "--guards", str(tmp_path / "loop-on.json"), cwd=tmp_path)
     assert warning.code == 1
     assert warning.out.splitlines()[-1] == (
         "under the given guards: would add a directive from loop at poll 3 "

@@ -1,4 +1,9 @@
-"""`--guards CONFIG`: a GuardConfig from inline JSON or a JSON file, strictly checked."""
+"""`--guards CONFIG`: changes to a guard configuration, from inline JSON or a JSON file.
+
+Each top-level field given replaces that guard's settings (`null` turns it off); the
+fields left out keep what the session has: the defaults for `run`, the logged
+configuration for `replay`.
+"""
 
 from __future__ import annotations
 
@@ -35,9 +40,21 @@ def _unknown_field(
     return None
 
 
-def parse_guards(config: str) -> GuardConfig:
-    """The GuardConfig in `config`: JSON text if it starts with `{`, else a JSON file's path.
-    Fields left out keep their defaults; `null` turns a guard off."""
+class GuardChanges(msgspec.Struct, frozen=True):
+    """The guards a `--guards` object names, with their new settings."""
+
+    given: GuardConfig
+    fields: frozenset[str]
+
+    def over(self, base: GuardConfig) -> GuardConfig:
+        """`base` with the named guards' settings replaced."""
+        changes = {name: getattr(self.given, name) for name in self.fields}
+        return msgspec.structs.replace(base, **changes)
+
+
+def parse_guards(config: str) -> GuardChanges:
+    """The changes in `config`: JSON text if it starts with `{`, else a JSON file's path.
+    Raises InputError naming the field that is unknown or of the wrong type."""
     if config.lstrip().startswith("{"):
         data = config.encode()
     else:
@@ -56,6 +73,7 @@ def parse_guards(config: str) -> GuardConfig:
         where, known = unknown
         raise InputError(f"--guards: unknown field `{where}` (expected one of: {', '.join(known)})")
     try:
-        return msgspec.convert(raw, GuardConfig)
+        given = msgspec.convert(raw, GuardConfig)
     except msgspec.ValidationError as exc:
         raise InputError(f"--guards: {exc}") from None
+    return GuardChanges(given, frozenset(raw))

@@ -13,7 +13,7 @@ from turnkeeper._cli import _codes
 from turnkeeper._cli._guards import parse_guards
 from turnkeeper._cli._logs import LoadedLog, load_log
 from turnkeeper._cli._render import answer_of, gist, history_lines, outcome_lines, step_line
-from turnkeeper.events import Envelope, LogError, encode_jsonl, replay
+from turnkeeper.events import Envelope, LogError, SessionOpened, encode_jsonl, replay
 from turnkeeper.sessions import recheck
 
 
@@ -48,16 +48,18 @@ async def _load(path: str) -> LoadedLog:
 
 async def replay_command(options: ReplayOptions) -> int:
     """Print the session's history and outcome; with `--guards`, where it would differ."""
-    config = parse_guards(options.guards) if options.guards is not None else None
+    changes = parse_guards(options.guards) if options.guards is not None else None
     log = await _load(options.log)
     session_id, events = log.session(options.session, options.log)
     state = replay(events)
     print(f"session {session_id}: {len(events)} events, model {state.model}")
     _print(history_lines(state.history))
     _print(outcome_lines(state))
-    if config is None:
+    if changes is None:
         return _codes.OK
-    divergence = recheck(events, guards=config)
+    opened = events[0].event
+    assert isinstance(opened, SessionOpened)  # replay checked it
+    divergence = recheck(events, guards=changes.over(opened.guards))
     if divergence is None:
         print("under the given guards: the same outcome at every poll")
         return _codes.OK

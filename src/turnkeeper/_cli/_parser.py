@@ -110,7 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--guards",
         type=_text("a JSON object or file"),
         metavar="CONFIG",
-        help="the guard configuration (JSON, or a JSON file; see replay --guards)",
+        help="guard settings to change, as JSON or a JSON file, e.g. "
+        '\'{"loop": null, "budget": {"max_tokens": 20000}}\' (null turns a guard off)',
     )
     run.add_argument("--timeout", type=_seconds, metavar="S", help="stop after S seconds")
     run.add_argument(
@@ -129,8 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--guards",
         type=_text("a JSON object or file"),
         metavar="CONFIG",
-        help="a guard configuration (JSON, or a JSON file): report the first poll where "
-        "the outcome would differ, without calling any model",
+        help="guard settings to change from the logged ones (JSON, or a JSON file): report "
+        "the first poll where the outcome would differ, without calling any model",
     )
 
     sessions = commands.add_parser("sessions", help="list the sessions in a log, or show one")

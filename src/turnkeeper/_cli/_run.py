@@ -111,13 +111,12 @@ async def run_command(options: RunOptions) -> int:
         terminal_tool=tools.terminal,
         model=options.model or "default",
     )
-    if options.guards is not None:
-        guards = parse_guards(options.guards)
-    elif options.base_url is None:
+    guards = GuardConfig()
+    if options.base_url is None:
         # The embedded model is a small one: send it a window of the history, and so on.
         guards = GuardConfig(small_model=SmallModel())
-    else:
-        guards = GuardConfig()
+    if options.guards is not None:
+        guards = parse_guards(options.guards).over(guards)
     chat = chat_backend(options.base_url, options.model)
     output = _Output(options.json)
     session_id = new_session_id()

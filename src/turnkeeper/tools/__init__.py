@@ -1,6 +1,7 @@
 """Tools: reading tool calls from text replies, argument validation, and in-process handlers."""
 
 from turnkeeper._jsonschema import validate
+from turnkeeper.tools._examples import EXAMPLE_TOOLS
 from turnkeeper.tools._handlers import (
     ToolContext,
     ToolFunctions,
@@ -13,6 +14,7 @@ from turnkeeper.tools._handlers import (
 from turnkeeper.tools._parse import ParsedCall, ParsedReply, parse_tool_calls
 
 __all__ = [
+    "EXAMPLE_TOOLS",
     "ParsedCall",
     "ParsedReply",
     "ToolContext",

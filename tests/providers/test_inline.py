@@ -18,6 +18,7 @@ from turnkeeper.providers._inline import (
     inline_request,
     inline_response,
     reply_schema,
+    with_answer_tool,
 )
 
 ADD = ToolSpec(
@@ -93,8 +94,12 @@ def test_tools_move_into_the_system_prompt_with_format_and_worked_example() -> N
     assert "- add(a: integer, b: integer): Add two integers." in prompt
     assert '- lookup(key: string, unit?: "c" | "f"): Look up a fact.' in prompt
     assert "    key: what to look up" in prompt
-    assert 'For example: {"name": "add", "arguments": {"a": 1, "b": 1}}' in prompt
-    assert "reply with it in plain text" in prompt
+    assert "- final_answer(text: string): Give the user your final answer." in prompt
+    assert (
+        'For example, to call add: {"name": "add", "arguments": {"a": <integer>, "b": <integer>}}'
+        in prompt
+    )
+    assert prompt.endswith("call final_answer with it, or reply with it in plain text.")
     assert sent["messages"][1:] == [ASK]
 
 
@@ -103,8 +108,19 @@ def test_a_system_message_is_added_when_there_is_none() -> None:
     assert [message["role"] for message in sent["messages"]] == ["system", "user"]
     prompt = sent["messages"][0]["content"]
     assert prompt.startswith("You can use these tools:")
-    assert 'For example: {"name": "lookup", "arguments": {"key": "text"}}' in prompt
-    assert 'reply with {"answer": "<your answer>"}' in prompt
+    assert 'to call lookup: {"name": "lookup", "arguments": {"key": <string>}}' in prompt
+    assert prompt.endswith("When you know the final answer, call final_answer with it.")
+
+
+def test_a_real_final_answer_tool_is_listed_once_and_called_as_a_tool() -> None:
+    own = ToolSpec("final_answer", "Report.", {"type": "object"}).to_openai()
+    asked = request(ASK, tools=[own])
+    sent = inline_request(asked, grammar=True)
+    assert sent["messages"][0]["content"].count("- final_answer") == 1
+    schema = sent["response_format"]["schema"]
+    assert validate(schema, {"name": "final_answer", "arguments": {"x": 1}}) == []
+    response = inline_response(reply('{"name": "final_answer", "arguments": {"x": 1}}'), asked)
+    assert calls_of(response) == [("final_answer", {"x": 1})]
 
 
 def test_tool_choice_fields_are_not_forwarded() -> None:
@@ -124,15 +140,16 @@ def test_grammar_constrains_the_reply_to_a_valid_call_or_an_answer() -> None:
     sent = inline_request(request(SYSTEM, ASK), grammar=True)
     assert sent["response_format"]["type"] == "json_object"
     schema = sent["response_format"]["schema"]
-    assert schema == reply_schema([ADD["function"], LOOKUP["function"]])
+    assert schema == reply_schema(with_answer_tool([ADD["function"], LOOKUP["function"]]))
     assert validate(schema, {"name": "add", "arguments": {"a": 2, "b": 3}}) == []
     assert validate(schema, {"name": "lookup", "arguments": {"key": "x", "unit": "c"}}) == []
-    assert validate(schema, {"answer": "5"}) == []
+    assert validate(schema, {"name": "final_answer", "arguments": {"text": "5"}}) == []
+    assert validate(schema, {"name": "final_answer", "arguments": {}})
     assert validate(schema, {"name": "add", "arguments": {"a": "2", "b": 3}})
     assert validate(schema, {"name": "add", "arguments": {"a": 2}})
     assert validate(schema, {"name": "subtract", "arguments": {"a": 2, "b": 3}})
     assert validate(schema, {"name": "add", "arguments": {"a": 2, "b": 3}, "x": 1})
-    assert validate(schema, {"answer": 5})
+    assert validate(schema, {"answer": "5"})
 
 
 def test_a_tool_without_parameters_takes_empty_arguments() -> None:
@@ -141,7 +158,7 @@ def test_a_tool_without_parameters_takes_empty_arguments() -> None:
     assert validate(schema, {"name": "now", "arguments": {}}) == []
     prompt = inline_request(request(ASK, tools=[bare]), grammar=False)["messages"][0]["content"]
     assert "- now()" in prompt
-    assert 'For example: {"name": "now", "arguments": {}}' in prompt
+    assert 'For example, to call now: {"name": "now", "arguments": {}}' in prompt
 
 
 def test_final_turn_without_terminal_tool_constrains_to_an_answer() -> None:
@@ -151,7 +168,7 @@ def test_final_turn_without_terminal_tool_constrains_to_an_answer() -> None:
         "and do not call any more tools.",
     }
     schema = inline_request(request(SYSTEM, ASK, last), grammar=True)["response_format"]["schema"]
-    assert validate(schema, {"answer": "5"}) == []
+    assert validate(schema, {"name": "final_answer", "arguments": {"text": "5"}}) == []
     assert validate(schema, {"name": "add", "arguments": {"a": 2, "b": 3}})
 
 
@@ -164,8 +181,8 @@ def test_final_turn_allows_the_terminal_tool_it_names() -> None:
     asked = request(SYSTEM, ASK, last, tools=[ADD, FINISH])
     schema = inline_request(asked, grammar=True)["response_format"]["schema"]
     assert validate(schema, {"name": "finish", "arguments": {"answer": "5"}}) == []
-    assert validate(schema, {"answer": "5"}) == []
     assert validate(schema, {"name": "add", "arguments": {"a": 2, "b": 3}})
+    assert validate(schema, {"name": "final_answer", "arguments": {"text": "5"}})
 
 
 def test_history_calls_and_results_become_plain_turns() -> None:
@@ -250,6 +267,27 @@ def test_call_ids_are_deterministic_and_distinct() -> None:
     assert not set(ids) & {call["id"] for call in message_of(later)["tool_calls"]}
 
 
+def test_a_final_answer_call_becomes_the_content() -> None:
+    text = '{"name": "final_answer", "arguments": {"text": "It is 5."}}'
+    response = inline_response(reply(text), request(ASK))
+    assert message_of(response) == {"role": "assistant", "content": "It is 5."}
+    assert response["choices"][0]["finish_reason"] == "stop"
+    assert response["turnkeeper"]["reply_text"] == text
+    odd = '{"name": "final_answer", "arguments": {"sum": 5}}'
+    assert message_of(inline_response(reply(odd), request(ASK)))["content"] == '{"sum": 5}'
+
+
+def test_a_final_answer_beside_calls_is_their_content() -> None:
+    text = (
+        '[{"name": "add", "arguments": {"a": 1, "b": 2}}, '
+        '{"name": "final_answer", "arguments": {"text": "Adding."}}]'
+    )
+    response = inline_response(reply(text), request(ASK))
+    assert message_of(response)["content"] == "Adding."
+    assert calls_of(response) == [("add", {"a": 1, "b": 2})]
+    assert response["choices"][0]["finish_reason"] == "tool_calls"
+
+
 def test_an_answer_object_becomes_the_content() -> None:
     response = inline_response(reply('{"answer": "It is 5."}'), request(ASK))
     assert message_of(response) == {"role": "assistant", "content": "It is 5."}
@@ -309,7 +347,9 @@ json_values = st.recursive(
 
 @settings(deadline=None)
 @given(
-    name=st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,20}", fullmatch=True),
+    name=st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,20}", fullmatch=True).filter(
+        lambda name: name != "final_answer"
+    ),
     arguments=st.dictionaries(st.text(max_size=8), json_values, max_size=4),
 )
 def test_any_call_in_the_reply_format_is_read_back_exactly(

@@ -5,11 +5,15 @@ the history are rewritten as plain turns; the reply text is parsed back into Ope
 tool calls. With `grammar=True` the request also carries a JSON schema (llama.cpp's
 `response_format`) that admits only a call of an offered tool with schema-valid arguments,
 or a final answer.
+
+The final answer is a call too, of the `final_answer` pseudo-tool: measured on
+SmolLM2-135M, a separate `{"answer": ...}` shape drew the model away from calling tools at
+all, and a worked example with concrete values was copied into its calls, so the example
+shows each argument's type instead.
 """
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import re
@@ -24,18 +28,23 @@ FINAL_TURN_PREFIX: Final = "This is your last turn"
 RESULT_CHARS: Final = 1500
 """Longest tool result written back into the history, in characters."""
 
+ANSWER_TOOL: Final = "final_answer"
+"""The pseudo-tool through which the model gives its final answer (unless a real tool has
+this name); its one argument is `text`."""
+
+_ANSWER_ARGUMENT: Final = "text"
 _ANSWER_KEY: Final = "answer"
 _NAMED_IN_DIRECTIVE = re.compile(r"`([^`]+)`")
 # Fields a backend without chat-template tools may reject.
 _TOOL_FIELDS: Final = ("tools", "tool_choice", "parallel_tool_calls")
-_EXAMPLE_VALUES: Final[dict[str, Any]] = {
-    "string": "text",
-    "integer": 1,
-    "number": 1.5,
-    "boolean": True,
-    "array": [],
-    "object": {},
-    "null": None,
+_ANSWER_FUNCTION: Final[dict[str, Any]] = {
+    "name": ANSWER_TOOL,
+    "description": "Give the user your final answer.",
+    "parameters": {
+        "type": "object",
+        "properties": {_ANSWER_ARGUMENT: {"type": "string"}},
+        "required": [_ANSWER_ARGUMENT],
+    },
 }
 
 
@@ -45,9 +54,10 @@ class InlineTools:
     Use it for a backend whose chat template has no tools: a small local model, or an
     OpenAI-compatible server that ignores `tools`. `grammar=True` sends llama.cpp's
     `response_format={"type": "json_object", "schema": ...}` so every reply is a
-    well-formed call of an offered tool or `{"answer": ...}`; leave it off for servers
+    well-formed call of an offered tool or of `final_answer`; leave it off for servers
     that do not accept a schema there. The response is OpenAI-shaped, with `tool_calls`
-    and finish_reason `tool_calls` when the reply held calls; the reply's own text, and
+    and finish_reason `tool_calls` when the reply held calls, and the final answer (or
+    the prose) as content, finish_reason `stop`; the reply's own text, and
     whether part of it looked like a call but could not be read, are kept under the
     response's `turnkeeper` field (`reply_text`, `unreadable`).
     """
@@ -72,7 +82,8 @@ def inline_request(request: dict[str, Any], *, grammar: bool) -> dict[str, Any]:
     The tools move into the system prompt, assistant tool calls and `tool` messages become
     plain turns (results cut to `RESULT_CHARS`), and consecutive turns of one role are
     joined, as strict chat templates require. With `grammar`, `response_format` constrains
-    the reply: on a final-turn directive to an answer or a call of a tool it names.
+    the reply to a call of one of the tools or of `final_answer`; on a final-turn
+    directive, to a call of the tools it names, else to `final_answer` alone.
     """
     tools = [_function_of(tool) for tool in request.get("tools") or []]
     rewritten = {key: value for key, value in request.items() if key not in _TOOL_FIELDS}
@@ -80,10 +91,9 @@ def inline_request(request: dict[str, Any], *, grammar: bool) -> dict[str, Any]:
     if tools:
         messages = _with_tool_prompt(messages, tools, grammar=grammar)
         if grammar:
-            allowed = _tools_allowed(request, tools)
             rewritten["response_format"] = {
                 "type": "json_object",
-                "schema": reply_schema(allowed),
+                "schema": reply_schema(_tools_allowed(request, tools)),
             }
     rewritten["messages"] = messages
     return rewritten
@@ -95,8 +105,9 @@ def inline_response(response: dict[str, Any], request: dict[str, Any]) -> dict[s
     A response that already has tool calls, or answers a request without tools, is
     returned unchanged. Otherwise the first choice's text is parsed: calls become
     `tool_calls` (ids derived from the request and the reply, arguments as JSON strings)
-    with finish_reason `tool_calls`; `{"answer": ...}` becomes the answer's text; prose
-    stays content. The text and an `unreadable` flag go under `response["turnkeeper"]`.
+    with finish_reason `tool_calls`; a `final_answer` call (or `{"answer": ...}`) becomes
+    the content; prose stays content. The text and an `unreadable` flag go under
+    `response["turnkeeper"]`.
     """
     choices = response.get("choices")
     if not request.get("tools") or not isinstance(choices, list) or not choices:
@@ -110,7 +121,11 @@ def inline_response(response: dict[str, Any], request: dict[str, Any]) -> dict[s
         return response
     answer = _answer_of(text)
     parsed = ParsedReply(answer, (), False) if answer is not None else parse_tool_calls(text)
-    content, calls, unreadable = parsed.content, parsed.calls, parsed.unreadable
+    content, calls, unreadable = parsed.content, list(parsed.calls), parsed.unreadable
+    if not _offers(request, ANSWER_TOOL):
+        answers = [_answer_text(call) for call in calls if call.name == ANSWER_TOOL]
+        calls = [call for call in calls if call.name != ANSWER_TOOL]
+        content = "\n\n".join(part for part in [content, *answers] if part) or None
     new_message = {**message, "content": content}
     finish_reason = choice.get("finish_reason")
     if calls:
@@ -131,29 +146,32 @@ def inline_response(response: dict[str, Any], request: dict[str, Any]) -> dict[s
 
 
 def reply_schema(tools: list[dict[str, Any]]) -> dict[str, Any]:
-    """The JSON schema of a reply: one call of one of `tools` with valid arguments, or an answer.
+    """The JSON schema of a reply: one call of one of `tools` with schema-valid arguments.
 
-    `tools` are OpenAI `function` objects (`name`, `parameters`).
+    `tools` are OpenAI `function` objects (`name`, `parameters`); include `final_answer`'s
+    (see `with_answer_tool`) to admit a final answer.
     """
-    answer = {
-        "type": "object",
-        "properties": {_ANSWER_KEY: {"type": "string"}},
-        "required": [_ANSWER_KEY],
-        "additionalProperties": False,
+    return {
+        "anyOf": [
+            {
+                "type": "object",
+                "properties": {
+                    "name": {"const": tool["name"]},
+                    "arguments": _parameters_of(tool),
+                },
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            }
+            for tool in tools
+        ]
     }
-    calls = [
-        {
-            "type": "object",
-            "properties": {
-                "name": {"const": tool["name"]},
-                "arguments": _parameters_of(tool),
-            },
-            "required": ["name", "arguments"],
-            "additionalProperties": False,
-        }
-        for tool in tools
-    ]
-    return {"anyOf": [*calls, answer]}
+
+
+def with_answer_tool(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`tools` and the `final_answer` pseudo-tool, unless one of them already has its name."""
+    if any(tool["name"] == ANSWER_TOOL for tool in tools):
+        return tools
+    return [*tools, _ANSWER_FUNCTION]
 
 
 def _function_of(tool: Any) -> dict[str, Any]:
@@ -173,12 +191,17 @@ def _parameters_of(tool: dict[str, Any]) -> dict[str, Any]:
 
 
 def _tools_allowed(request: dict[str, Any], tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The tools a reply may call: all, or on a final-turn directive only those it names."""
+    """The tools a reply may call: all and `final_answer`; on a final-turn directive the
+    tools it names, else `final_answer` alone."""
     directive = _last_user_text(request.get("messages") or [])
     if directive is None or not directive.startswith(FINAL_TURN_PREFIX):
-        return tools
+        return with_answer_tool(tools)
     named = set(_NAMED_IN_DIRECTIVE.findall(directive))
-    return [tool for tool in tools if tool["name"] in named]
+    return [tool for tool in tools if tool["name"] in named] or with_answer_tool([])
+
+
+def _offers(request: dict[str, Any], name: str) -> bool:
+    return any(_function_of(tool)["name"] == name for tool in request.get("tools") or [])
 
 
 def _last_user_text(messages: list[Any]) -> str | None:
@@ -201,23 +224,27 @@ def _with_tool_prompt(
 
 
 def tool_prompt(tools: list[dict[str, Any]], *, grammar: bool) -> str:
-    """The system-prompt section that lists `tools` and the reply format, with an example."""
+    """The system-prompt section that lists `tools` and the reply format, with a worked
+    example for the first tool (its arguments' types, not values, which a small model
+    copies)."""
     lines = ["You can use these tools:"]
-    for tool in tools:
+    for tool in with_answer_tool(tools):
         lines.extend(_tool_lines(tool))
     first = tools[0]
-    example = {"name": first["name"], "arguments": _example_arguments(_parameters_of(first))}
     lines += [
         "",
         "To use a tool, reply with only a JSON object, nothing else:",
         '{"name": "<tool name>", "arguments": {<argument values>}}',
-        f"For example: {json.dumps(example, ensure_ascii=False)}",
+        f"For example, to call {first['name']}: {_example_call(first)}",
         "The tool's result comes back to you in the next message.",
     ]
     if grammar:
-        lines.append('When you have the final answer, reply with {"answer": "<your answer>"}.')
+        lines.append(f"When you know the final answer, call {ANSWER_TOOL} with it.")
     else:
-        lines.append("When you have the final answer, reply with it in plain text.")
+        lines.append(
+            f"When you know the final answer, call {ANSWER_TOOL} with it, or reply with it "
+            "in plain text."
+        )
     return "\n".join(lines)
 
 
@@ -254,30 +281,19 @@ def _type_of(schema: Any) -> str:
     return str(kind) if kind else "any"
 
 
-def _example_arguments(parameters: dict[str, Any]) -> dict[str, Any]:
-    """Example arguments for a worked call: every required argument, else the first one."""
+def _example_call(tool: dict[str, Any]) -> str:
+    """`{"name": "add", "arguments": {"a": <integer>, "b": <integer>}}`: the required
+    arguments (else the first one), each as its type."""
+    parameters = _parameters_of(tool)
     properties = parameters.get("properties")
-    if not isinstance(properties, dict) or not properties:
-        return {}
+    properties = properties if isinstance(properties, dict) else {}
     required = parameters.get("required")
     names = [name for name in properties if isinstance(required, list) and name in required]
-    return {name: _example_value(properties[name]) for name in names or list(properties)[:1]}
-
-
-def _example_value(schema: Any) -> Any:
-    if not isinstance(schema, dict):
-        return _EXAMPLE_VALUES["string"]
-    examples = schema.get("examples")
-    if isinstance(examples, list) and examples:
-        return examples[0]
-    if "default" in schema:
-        return schema["default"]
-    if isinstance(schema.get("enum"), list) and schema["enum"]:
-        return schema["enum"][0]
-    kind = schema.get("type")
-    if isinstance(kind, list):
-        kind = kind[0] if kind else "string"
-    return copy.deepcopy(_EXAMPLE_VALUES.get(str(kind), _EXAMPLE_VALUES["string"]))
+    shown = ", ".join(
+        f"{json.dumps(name, ensure_ascii=False)}: <{_type_of(properties[name])}>"
+        for name in names or list(properties)[:1]
+    )
+    return f'{{"name": {json.dumps(tool["name"], ensure_ascii=False)}, "arguments": {{{shown}}}}}'
 
 
 def _plain_history(messages: list[Any]) -> list[dict[str, Any]]:
@@ -355,6 +371,14 @@ def _answer_of(text: str) -> str | None:
         return None
     answer = value[_ANSWER_KEY]
     return answer if isinstance(answer, str) else json.dumps(answer, ensure_ascii=False)
+
+
+def _answer_text(call: ParsedCall) -> str:
+    """The text of a `final_answer` call: its `text` argument, else all its arguments."""
+    text = call.arguments.get(_ANSWER_ARGUMENT)
+    if isinstance(text, str) and len(call.arguments) == 1:
+        return text
+    return json.dumps(call.arguments, ensure_ascii=False)
 
 
 def _tool_call(call: ParsedCall, call_id: str) -> dict[str, Any]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,8 +22,8 @@ from tests.service.process import TOKEN, ServerProcess
 from tests.service.prometheus import parse_exposition
 from tests.service.server_main import ASK_SPEC, LOOKUP_SPEC, answer_for
 from tests.service.sse import SseEvent, parse_sse
-from turnkeeper.events import Envelope, ToolReturned
-from turnkeeper.service import ErrorBody, EventPage, SessionPage
+from turnkeeper.events import Envelope, InputError, LogError, ToolReturned
+from turnkeeper.service import ErrorBody, EventPage, SessionPage, serve
 from turnkeeper.sessions import SessionInfo
 
 LOOKUP = msgspec.to_builtins(LOOKUP_SPEC)
@@ -372,3 +373,29 @@ def test_openapi_is_served_and_json(server: ServerProcess) -> None:
         document = json.loads(response.content)
         assert document["openapi"].startswith("3.1")
         assert "/v1/sessions/{session_id}/events/stream" in document["paths"]
+
+
+@pytest.mark.anyio
+async def test_serve_refuses_what_it_cannot_do_with_clear_errors(
+    tmp_path: Path, anyio_backend: str
+) -> None:
+    async def quiet(request: dict[str, Any]) -> dict[str, Any]:
+        raise AssertionError("no model call expected")
+
+    if anyio_backend != "trio":
+        with pytest.raises(InputError, match="trio"):
+            await serve(chat=quiet, port=0, log_path=tmp_path / "log.sqlite")
+        return
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(InputError, match=f"cannot listen on 127.0.0.1 port {port}"):
+            await serve(chat=quiet, port=port, log_path=tmp_path / "log.sqlite")
+    with pytest.raises(InputError, match="port"):
+        await serve(chat=quiet, port=70_000, log_path=tmp_path / "log.sqlite")
+    garbage = tmp_path / "garbage.sqlite"
+    garbage.write_bytes(b"this is not a database" * 100)
+    with pytest.raises(LogError):
+        await serve(chat=quiet, port=0, log_path=garbage)
+    assert not (tmp_path / "log.sqlite").exists()

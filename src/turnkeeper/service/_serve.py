@@ -117,22 +117,24 @@ async def serve(
 
 
 def _listen(host: str, port: int) -> tuple[Config, Sockets]:
-    """A hypercorn config and its bound, listening sockets; InputError if it cannot bind."""
+    """A hypercorn config and its bound, listening socket; InputError if it cannot bind."""
     if not isinstance(host, str) or not host:
         raise InputError(f"host: expected an address, got {host!r}")
     if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
         raise InputError(f"port: expected 0 to 65535, got {port!r}")
     config = Config()
-    config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
-    config.backlog = _BACKLOG
     config.keep_alive_timeout = _KEEP_ALIVE_SECONDS
+    # Bound here rather than by hypercorn, which leaks the socket when the bind fails.
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     try:
-        sockets = config.create_sockets()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(_BACKLOG)
     except OSError as exc:
+        sock.close()
         raise InputError(f"cannot listen on {host} port {port}: {exc.strerror or exc}") from None
-    for sock in sockets.insecure_sockets:
-        sock.listen(config.backlog)
-    return config, sockets
+    sock.setblocking(False)
+    return config, Sockets(secure_sockets=[], insecure_sockets=[sock], quic_sockets=[])
 
 
 def _listening(sock: socket.socket, token: str) -> Listening:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import math
 import re
 from collections import Counter
@@ -12,7 +11,6 @@ from typing import TypeVar
 
 import anyio
 import msgspec
-import structlog
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -24,6 +22,7 @@ from turnkeeper.events import InputError, LogError
 from turnkeeper.service._auth import BearerAuth, check_token
 from turnkeeper.service._errors import ApiError, error_response, validation_error
 from turnkeeper.service._limits import DEFAULT_LIMITS, Limits
+from turnkeeper.service._logging import log as _log
 from turnkeeper.service._longpoll import events_or_stop, unless_stopping
 from turnkeeper.service._metrics import CONTENT_TYPE, render_metrics
 from turnkeeper.service._openapi import openapi_document
@@ -48,16 +47,6 @@ _FIELD_PREFIX = re.compile(r"^(?P<field>[A-Za-z_][\w.\[\]]*): ")
 _DEFAULT_PAGE = 100
 _BUSY_RETRY_SECONDS = 1
 
-_log = structlog.wrap_logger(
-    logging.getLogger("turnkeeper.service"),
-    wrapper_class=structlog.stdlib.BoundLogger,
-    processors=[
-        structlog.processors.TimeStamper(fmt="iso"),
-        structlog.processors.format_exc_info,
-        structlog.processors.JSONRenderer(),
-    ],
-)
-
 
 def create_app(
     host: Host,
@@ -81,7 +70,7 @@ def create_app(
     one = sessions + "/{session_id}"
     routes = [
         Route(sessions, _guarded(api.create), methods=["POST"]),
-        Route(sessions, _guarded(api.list), methods=["GET"]),
+        Route(sessions, _guarded(api.list_sessions), methods=["GET"]),
         Route(one, _guarded(api.get), methods=["GET"]),
         Route(one + "/messages", _guarded(api.message), methods=["POST"]),
         Route(one + "/tool_results", _guarded(api.tool_results), methods=["POST"]),
@@ -138,7 +127,7 @@ class _Api:
             raise ApiError(409 if field == "session_id" else 422, str(exc), field) from None
         return _json(Created(session_id), 201)
 
-    async def list(self, request: Request) -> Response:
+    async def list_sessions(self, request: Request) -> Response:
         limit = _int_param(request, "limit", _DEFAULT_PAGE, 1, self.limits.max_page)
         cursor = request.query_params.get("cursor")
         ids = await self.host.sessions()

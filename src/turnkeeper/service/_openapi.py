@@ -69,6 +69,17 @@ def openapi_document(limits: Limits) -> dict[str, Any]:
         f"Bodies are JSON (`Content-Type: application/json`) of at most {limits.max_body_bytes} "
         f"bytes; prompts and messages at most {limits.max_text_chars} characters"
     )
+    health = _operation(
+        "health",
+        "Whether the service takes work (no token needed)",
+        ok=("200", "Serving", Health),
+        errors=(),
+        public=True,
+    )
+    health["responses"]["503"] = {
+        "description": "The service is stopping",
+        "content": _json(Health),
+    }
     paths: dict[str, Any] = {
         "/v1/sessions": {
             "post": _operation(
@@ -169,15 +180,7 @@ def openapi_document(limits: Limits) -> dict[str, Any]:
                 errors=(401, 404, 422),
             )
         },
-        "/v1/healthz": {
-            "get": _operation(
-                "health",
-                "Whether the service takes work (no token needed)",
-                ok=("200", "Serving", Health),
-                errors=(503,),
-                public=True,
-            )
-        },
+        "/v1/healthz": {"get": health},
         "/v1/metrics": {
             "get": _operation(
                 "metrics",
@@ -214,13 +217,14 @@ def openapi_document(limits: Limits) -> dict[str, Any]:
 
 
 _ERRORS = {
-    400: "The body is not JSON, or a parameter or header is malformed",
+    400: "The body is not JSON",
     401: "No token, another scheme, or a wrong token",
     404: "No such session (or route)",
     409: "The session is not in a state that allows this",
     413: "The body is too large",
     415: "The body is not `application/json`",
-    422: "A field has the wrong type, is missing, is unknown or is over a limit",
+    422: "A field, parameter or header has the wrong type or value, is missing or unknown, "
+    "or is over a limit",
     429: "The session's mailbox is full; retry after `Retry-After` seconds",
     503: "The service is stopping",
 }
@@ -239,10 +243,7 @@ def _operation(
     public: bool = False,
 ) -> dict[str, Any]:
     status, what, schema, *media = ok
-    if schema is not None:
-        content = {"application/json": {"schema": _ref(schema)}}
-    else:
-        content = {media[0]: {"schema": {"type": "string"}}}
+    content = _json(schema) if schema is not None else {media[0]: {"schema": {"type": "string"}}}
     operation: dict[str, Any] = {
         "operationId": operation_id,
         "summary": summary,
@@ -253,22 +254,19 @@ def _operation(
     if parameters:
         operation["parameters"] = parameters
     if body is not None:
-        operation["requestBody"] = {
-            "required": True,
-            "content": {"application/json": {"schema": _ref(body)}},
-        }
+        operation["requestBody"] = {"required": True, "content": _json(body)}
     for code in errors:
-        response: dict[str, Any] = {
-            "description": _ERRORS[code],
-            "content": {"application/json": {"schema": _ref(ErrorBody)}},
-        }
+        response: dict[str, Any] = {"description": _ERRORS[code], "content": _json(ErrorBody)}
         if code == 429:
             response["headers"] = {"Retry-After": {"schema": {"type": "integer"}}}
         operation["responses"][str(code)] = response
     if public:
         operation["security"] = []
-        operation["responses"]["503"]["content"] = {"application/json": {"schema": _ref(Health)}}
     return operation
+
+
+def _json(struct: type[msgspec.Struct]) -> dict[str, Any]:
+    return {"application/json": {"schema": _ref(struct)}}
 
 
 def _ref(struct: type[msgspec.Struct]) -> dict[str, str]:

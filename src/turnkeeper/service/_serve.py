@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import socket
@@ -12,7 +11,6 @@ from typing import cast
 
 import anyio
 import msgspec
-import structlog
 import trio
 from hypercorn.config import Config, Sockets
 from hypercorn.trio.run import worker_serve
@@ -23,6 +21,7 @@ from turnkeeper.events import InputError, SqliteLog
 from turnkeeper.service._app import create_app
 from turnkeeper.service._auth import resolve_token
 from turnkeeper.service._limits import DEFAULT_LIMITS, Limits
+from turnkeeper.service._logging import log as _log
 from turnkeeper.sessions import Chat, Host
 from turnkeeper.tools._handlers import Tools
 
@@ -31,15 +30,6 @@ _BACKLOG = 1024
 # Longer than clients keep idle connections pooled (httpx: 5 s, like hypercorn's default),
 # so a client never sends on a connection the server is just closing.
 _KEEP_ALIVE_SECONDS = 75.0
-
-_log = structlog.wrap_logger(
-    logging.getLogger("turnkeeper.service"),
-    wrapper_class=structlog.stdlib.BoundLogger,
-    processors=[
-        structlog.processors.TimeStamper(fmt="iso"),
-        structlog.processors.JSONRenderer(),
-    ],
-)
 
 
 class Listening(msgspec.Struct, frozen=True):

@@ -195,6 +195,8 @@ def test_auth_failures_are_401_everywhere_but_health(
             error = msgspec.json.decode(response.content, type=ErrorBody).error
             assert problem in error.message
             assert error.field == "Authorization"
+            # The body was never read: the client is told not to reuse the connection.
+            assert response.headers["connection"] == "close"
         assert bare.get("/v1/healthz").json() == {"status": "ok"}
 
 

@@ -36,6 +36,7 @@ from turnkeeper.service._schemas import (
     SessionPage,
 )
 from turnkeeper.service._sse import event_stream
+from turnkeeper.service._unread import CloseUnreadBodies
 from turnkeeper.sessions import Busy, Host, HostStopped, UnknownSession
 
 _S = TypeVar("_S", bound=msgspec.Struct)
@@ -83,7 +84,10 @@ def create_app(
     ]
     return Starlette(
         routes=routes,
-        middleware=[Middleware(BearerAuth, token=token, public=frozenset({HEALTH_PATH}))],
+        middleware=[
+            Middleware(CloseUnreadBodies),
+            Middleware(BearerAuth, token=token, public=frozenset({HEALTH_PATH})),
+        ],
         exception_handlers={HTTPException: _http_error},
     )
 

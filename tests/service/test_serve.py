@@ -340,7 +340,10 @@ def test_kill_9_then_restart_on_the_same_log_loses_nothing(tmp_path: Path) -> No
         assert {info.session_id for info in listed.sessions} == {*prompts, waiting}
 
 
-def test_sigterm_stops_gracefully_ending_streams_and_the_log_reopens(tmp_path: Path) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_stops_gracefully_ending_streams_and_the_log_reopens(
+    tmp_path: Path, signum: int
+) -> None:
     log_path = tmp_path / "log.sqlite"
     stderr = tmp_path / "stderr.log"
     running = ServerProcess(log_path, stderr_path=stderr, ping=3600, token=None)
@@ -359,7 +362,7 @@ def test_sigterm_stops_gracefully_ending_streams_and_the_log_reopens(tmp_path: P
         listener = threading.Thread(target=listen)
         listener.start()
         assert opened.wait(60)
-        assert running.stop(signal.SIGTERM) == 0
+        assert running.stop(signum) == 0
         listener.join(60)
         assert not listener.is_alive()  # the server ended the stream
         assert [event.id for event in streamed] == [str(n) for n in range(1, info.seq + 1)]

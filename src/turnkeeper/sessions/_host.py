@@ -406,8 +406,6 @@ class Host:
     async def _run(self, session: _Session) -> None:
         """Supervise the session in a scope of its own, which stop() cancels after the grace."""
         with anyio.CancelScope() as session.task_scope:
-            if self._stopping:
-                session.task_scope.cancel()
             await self._supervise(session)
 
     async def _supervise(self, session: _Session) -> None:

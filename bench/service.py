@@ -5,7 +5,7 @@ The server is `turnkeeper.service.serve` in a subprocess (trio, hypercorn, a SQL
 in a temporary folder, durable appends) on a scripted model that answers at once, so
 the figures are the service's own cost. Each client loops for a few seconds: create a
 session, long-poll its events until the answer, post a follow-up message, long-poll
-until that answer. Figures, not assertions. Run: `python bench/service_sessions.py`.
+until that answer. Figures, not assertions. Run: `python bench/service.py`.
 """
 
 from __future__ import annotations

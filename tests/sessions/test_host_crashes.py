@@ -185,15 +185,17 @@ REPLY_3 = ("local.model_response", 3)
         ({CALL_2: "after"}, {"step-1": 1, "step-2": 2}, {"step-1": 1, "step-2": 1}, 3),
         # The model's reply is not logged: the model is asked again.
         ({REPLY_2: "before"}, {"step-1": 1, "step-2": 1}, {"step-1": 1, "step-2": 1}, 4),
-        # The reply is logged but not acknowledged: no second model call.
-        ({REPLY_2: "after"}, {"step-1": 1, "step-2": 1}, {"step-1": 1, "step-2": 1}, 3),
+        # The reply is logged (with its call) but not acknowledged: no second model call;
+        # the call is logged again before it runs.
+        ({REPLY_2: "after"}, {"step-1": 1, "step-2": 2}, {"step-1": 1, "step-2": 1}, 3),
         # The final answer is logged but not acknowledged: the rebuilt session is idle.
         ({REPLY_3: "after"}, {"step-1": 1, "step-2": 1}, {"step-1": 1, "step-2": 1}, 3),
-        # The results are not logged, then the answer is not acknowledged.
+        # The results (logged with the result) are not logged, so step-1 runs again; then
+        # the answer is not acknowledged.
         (
             {RESULTS_1: "before", REPLY_3: "after"},
-            {"step-1": 1, "step-2": 1},
-            {"step-1": 1, "step-2": 1},
+            {"step-1": 2, "step-2": 1},
+            {"step-1": 2, "step-2": 1},
             3,
         ),
     ],
@@ -473,8 +475,9 @@ async def test_stop_lets_a_turn_finish_within_the_grace_and_cancels_the_rest() -
             quick_gate.set()
         quick = await log.read("quick")
         stuck = await log.read("stuck")
-        # The quick session logged its turn and stopped at the boundary: no tool ran.
-        assert [e.type for e in quick][-1] == "local.model_response"
+        # The quick session logged its turn (with the call it would run next) and stopped
+        # at the boundary: no tool ran.
+        assert [e.type for e in quick][-2:] == ["local.model_response", "local.tool_call"]
         assert replay(quick).status == "requires_action"
         # The stuck one was cancelled in its model call; its log ends with the input.
         assert [e.type for e in stuck][-1] == "local.user_message"

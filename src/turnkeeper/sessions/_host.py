@@ -13,7 +13,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from contextlib import AsyncExitStack
+from contextlib import AbstractContextManager, AsyncExitStack
 from typing import Any, Literal, Self
 
 import anyio
@@ -32,6 +32,7 @@ from turnkeeper.events import (
     GuardConfig,
     InputError,
     LogError,
+    McpFailed,
     ReplayError,
     SessionState,
     ToolCalled,
@@ -60,6 +61,14 @@ from turnkeeper.sessions._poll import (
     opened_event,
 )
 from turnkeeper.tools._handlers import ToolContext, Tools, as_handler, check_call, run_tool
+from turnkeeper.tools._mcp import McpPool, McpTools
+from turnkeeper.tracing._hooks import (
+    AgentSpan,
+    agent_span,
+    capture_context,
+    tool_span,
+    traced_chat,
+)
 
 HostStatus = Literal[
     "running", "requires_action", "idle", "errored", "halted", "failed", "cancelled"
@@ -113,7 +122,13 @@ class _Session:
 
     def __init__(self, state: SessionState, *, errored: bool = False) -> None:
         self.state = state
-        self.mailbox: deque[str] = deque()
+        self.mailbox: deque[tuple[str, object | None]] = deque()
+        self.mcp: McpTools | None = None
+        self.span: AgentSpan | None = None
+        self.span_exit: AbstractContextManager[AgentSpan] | None = None
+        self.opening: tuple[str, object | None] | None = None
+        self.announced: set[str] = set()
+        self.checked: tuple[tuple[ToolUse, ...], dict[str, str | None]] = ((), {})
         self.lock = anyio.Lock()
         self.wake = anyio.Event()
         self.changed = anyio.Event()
@@ -126,6 +141,17 @@ class _Session:
         self.crashes: list[float] = []
         self.cancelling: str | None = None
         self.status: HostStatus | None = None
+
+    def refusal(self, state: SessionState, use: ToolUse) -> str | None:
+        """Why `use`, pending in `state`, must not run, or None; each call is checked once."""
+        pending, refusals = self.checked
+        if pending is not state.pending:
+            refusals = {}
+            self.checked = (state.pending, refusals)
+        if use.id not in refusals:
+            mcp = self.mcp
+            refusals[use.id] = check_call(state.spec, use) if mcp is None else mcp.refusal(use)
+        return refusals[use.id]
 
 
 class Host:
@@ -161,8 +187,9 @@ class Host:
             raise InputError(
                 "Host: mailbox_size and tool_concurrency must be >= 1, max_restarts >= 0"
             )
-        self.chat = chat
+        self.chat = traced_chat(chat)
         self.log = log if log is not None else MemoryLog()
+        self._mcp = McpPool()
         self._owns_log = log is None
         self._tools = tools
         self._handler = as_handler(tools) if tools is not None else None
@@ -188,6 +215,7 @@ class Host:
         stack = AsyncExitStack()
         await stack.__aenter__()
         try:
+            await stack.enter_async_context(self._mcp)
             self._group = await stack.enter_async_context(anyio.create_task_group())
             self._stack = stack
             self._accepting = True
@@ -223,18 +251,29 @@ class Host:
     ) -> str:
         """Open a session and start on `prompt`; returns its id once both are logged."""
         self._check_accepting()
+        mcp = await self._mcp.open(spec) if spec.mcp_servers else None
         state = open_session(
-            spec, session_id=session_id, history=history, max_turns=max_turns, guards=guards
+            mcp.spec if mcp is not None else spec,
+            session_id=session_id,
+            history=history,
+            max_turns=max_turns,
+            guards=guards,
         )
         if state.session_id in self._sessions or await self.log.last_seq(state.session_id):
             raise InputError(f"session_id: {state.session_id} already exists")
         opened, state = emit(state, opened_event(state), at=self.clock())
         events = [opened]
+        for failure in mcp.events if mcp is not None else ():
+            envelope, state = emit(state, failure, at=self.clock())
+            events.append(envelope)
         if prompt is not None:
             begun, state, _ = begin_poll(state, Kickoff(prompt), now=self.clock(), guard=self.guard)
             events.extend(begun)
         await self._append(state.session_id, events, expected_seq=0)
         session = _Session(state)
+        session.mcp = mcp
+        if prompt is not None:
+            session.opening = (prompt, capture_context())
         self._sessions[state.session_id] = session
         self._note(session)
         self._spawn(session)
@@ -257,7 +296,7 @@ class Host:
             )
         if len(session.mailbox) >= self.mailbox_size:
             raise Busy(f"session {session_id}: mailbox full ({self.mailbox_size} messages queued)")
-        session.mailbox.append(text)
+        session.mailbox.append((text, capture_context()))
         session.errored = False
         self._note(session)
         self._wake(session)
@@ -441,6 +480,8 @@ class Host:
                         return
                     session.state = rebuilt.state
                     session.errored = rebuilt.errored
+                    # Calls that were about to run when it crashed are logged again first.
+                    session.announced = set()
                     session.error = rebuilt.error
                     _log.info(
                         "session.restarted", session_id=session_id, restarts=len(session.crashes)
@@ -451,6 +492,7 @@ class Host:
                 else:
                     return
         finally:
+            self._close_span(session)
             session.running = False
             session.scope = None
             session.done.set()
@@ -476,6 +518,10 @@ class Host:
             state = session.state
             if state.status in ("cancelled", "failed"):
                 return
+            if session.opening is not None:
+                self._close_span(session)
+                session.span = self._open_span(session, *session.opening)
+                session.opening = None
             if not session.errored:
                 if state.in_poll:
                     await self._call_model(session)
@@ -487,70 +533,120 @@ class Host:
                     if await self._advance_tools(session):
                         continue
                 elif session.mailbox:
-                    await self._poll(session, UserMessage(session.mailbox[0]), from_mailbox=True)
+                    text, context = session.mailbox[0]
+                    self._close_span(session)
+                    session.span = self._open_span(session, text, context)
+                    await self._poll(session, UserMessage(text), from_mailbox=True)
                     continue
+            self._close_span(session)
             await session.wake.wait()
             session.wake = anyio.Event()
 
     async def _advance_tools(self, session: _Session) -> bool:
-        """Run the in-process calls, or resume once every call has a result. False when
-        the remaining calls wait for results from outside."""
+        """Run the calls the host answers itself, and resume once every call has a result.
+        False when the remaining calls wait for results from outside."""
         state = session.state
-        returned = {result.tool_use_id: result for result in state.returned}
-        local = [u for u in state.pending if u.id not in returned and self._runs_here(state, u)]
+        if state.spec.mcp_servers and session.mcp is None:
+            session.mcp = await self._mcp.open(state.spec)
+        returned = {result.tool_use_id for result in state.returned}
+        local = [
+            u for u in state.pending if u.id not in returned and self._runs_here(session, state, u)
+        ]
+        if not local and not all(use.id in returned for use in state.pending):
+            return False
+        results: list[ToolResult] = []
         if local:
-            await self._run_tools(session, local)
-            return True
-        if all(use.id in returned for use in state.pending):
-            results = tuple(returned[use.id] for use in state.pending)
-            await self._poll(session, Resume(state.pending, results))
-            return True
-        return False
+            unannounced = [use for use in local if use.id not in session.announced]
+            if unannounced:
+                async with session.lock:
+                    await self._commit_events(
+                        session, self._announce(session, session.state, unannounced)
+                    )
+            results = await self._run_tools(session, local)
+        async with session.lock:
+            state = session.state
+            envelopes: list[Envelope] = []
+            for result in results:
+                event = ToolReturned(
+                    tool_call_id=result.tool_use_id, text=result.text, is_error=result.is_error
+                )
+                envelope, state = emit(state, event, at=self.clock())
+                envelopes.append(envelope)
+            by_id = {result.tool_use_id: result for result in state.returned}
+            request = None
+            if all(use.id in by_id for use in state.pending):
+                # The results and the next poll's input are logged together: one commit.
+                resume = Resume(state.pending, tuple(by_id[use.id] for use in state.pending))
+                begun, state, request = begin_poll(
+                    state, resume, now=self.clock(), guard=self.guard
+                )
+                envelopes.extend(begun)
+                self._count("guard_halts", sum(e.type == "local.halted" for e in begun))
+            await self._commit(session, envelopes, state)
+        session.announced = set()
+        if request is not None:
+            await self._call_model(session)
+        return True
 
-    def _runs_here(self, state: SessionState, use: ToolUse) -> bool:
-        """Whether the host answers this call itself (by a handler, or as a bad call)."""
-        if check_call(state.spec, use) is not None:
+    def _runs_here(self, session: _Session, state: SessionState, use: ToolUse) -> bool:
+        """Whether the host answers this call itself (by a handler, an MCP server, or as a
+        bad call)."""
+        if session.refusal(state, use) is not None:
+            return True
+        if session.mcp is not None and session.mcp.serves(use.name):
             return True
         if self._handler is None:
             return False
         return not isinstance(self._tools, Mapping) or use.name in self._tools
 
-    async def _run_tools(self, session: _Session, uses: Iterable[ToolUse]) -> None:
-        assert self._handler is not None or all(check_call(session.state.spec, use) for use in uses)
+    def _announce(
+        self, session: _Session, state: SessionState, uses: Iterable[ToolUse]
+    ) -> list[AnyEvent]:
+        """`local.tool_call` events for the calls about to run (logged before they run)."""
+        events: list[AnyEvent] = []
+        for use in uses:
+            if session.refusal(state, use) is None:
+                events.append(ToolCalled(tool_call_id=use.id, name=use.name, input=use.input))
+            session.announced.add(use.id)
+        return events
+
+    async def _run_tools(self, session: _Session, uses: Sequence[ToolUse]) -> list[ToolResult]:
+        """Run the calls concurrently (bad calls are answered without running); results
+        in call order. MCP server failures are logged as they come back."""
         limiter = anyio.CapacityLimiter(self.tool_concurrency)
+        results: dict[str, ToolResult] = {}
+        failures: list[McpFailed] = []
 
         async def one(use: ToolUse) -> None:
-            refusal = check_call(session.state.spec, use)
+            refusal = session.refusal(session.state, use)
             if refusal is not None:
+                results[use.id] = ToolResult(use.id, refusal, is_error=True)
                 self._count("tool_errors")
-                async with session.lock:
-                    await self._commit_events(
-                        session, [ToolReturned(tool_call_id=use.id, text=refusal, is_error=True)]
-                    )
                 return
-            assert self._handler is not None
+            ctx = ToolContext(session.state.session_id, use.id, use.name)
+            mcp = session.mcp
+            failure: McpFailed | None = None
             async with limiter:
-                async with session.lock:
-                    await self._commit_events(
-                        session, [ToolCalled(tool_call_id=use.id, name=use.name, input=use.input)]
-                    )
-                ctx = ToolContext(session.state.session_id, use.id, use.name)
-                result = await run_tool(self._handler, use, ctx, timeout=self.tool_timeout)
-                if result.is_error:
-                    self._count("tool_errors")
-                async with session.lock:
-                    await self._commit_events(
-                        session,
-                        [
-                            ToolReturned(
-                                tool_call_id=use.id, text=result.text, is_error=result.is_error
-                            )
-                        ],
-                    )
+                with tool_span(use, session.state.spec.tool(use.name)) as span:
+                    if mcp is not None and mcp.serves(use.name):
+                        result, failure = await mcp.call(use, ctx, timeout=self.tool_timeout)
+                    else:
+                        assert self._handler is not None
+                        result = await run_tool(self._handler, use, ctx, timeout=self.tool_timeout)
+                    span.result(result, failure)
+            results[use.id] = result
+            if failure is not None:
+                failures.append(failure)
+            if result.is_error:
+                self._count("tool_errors")
 
         async with anyio.create_task_group() as group:
             for use in uses:
                 group.start_soon(one, use)
+        if failures:
+            async with session.lock:
+                await self._commit_events(session, failures)
+        return [results[use.id] for use in uses]
 
     async def _poll(self, session: _Session, given: Input, *, from_mailbox: bool = False) -> None:
         """Log the poll's input and guard events, then make its model call. A message
@@ -569,6 +665,7 @@ class Host:
                     "session.message_refused", session_id=session.state.session_id, error=str(exc)
                 )
                 return
+            self._count("guard_halts", sum(e.type == "local.halted" for e in events))
             await self._commit(session, events, state)
             if from_mailbox:
                 session.mailbox.popleft()
@@ -598,6 +695,10 @@ class Host:
                 return
         self._count("chat_retries", sum(e.type == "local.chat_retry" for e in events))
         self._count("guard_halts", sum(e.type == "local.halted" for e in events))
+        local = [use for use in ended.pending if self._runs_here(session, ended, use)]
+        for event in self._announce(session, ended, local):
+            envelope, ended = emit(ended, event, at=self.clock())
+            events.append(envelope)
         async with session.lock:
             await self._commit(session, events, ended)
 
@@ -618,6 +719,8 @@ class Host:
         """Make `events` durable, then make `state` (which they lead to) the session's."""
         if events:
             await self._append(session.state.session_id, events, expected_seq=session.state.seq)
+            if session.span is not None:
+                session.span.record(events)
         session.state = state
         self._note(session)
 
@@ -647,6 +750,20 @@ class Host:
             )
             session.status = status
 
+    def _open_span(self, session: _Session, prompt: str, parent: object | None) -> AgentSpan:
+        """Start the trace span of one request; it ends when the session comes to rest."""
+        span_context = agent_span(session.state, prompt=prompt, parent=parent)
+        span = span_context.__enter__()
+        session.span_exit = span_context
+        return span
+
+    def _close_span(self, session: _Session) -> None:
+        if session.span is not None and session.span_exit is not None:
+            session.span.finish(session.state)
+            session.span_exit.__exit__(None, None, None)
+        session.span = None
+        session.span_exit = None
+
     def _wake(self, session: _Session) -> None:
         session.wake.set()
 
@@ -666,7 +783,7 @@ class Host:
         return [
             use
             for use in state.pending
-            if use.id not in returned and not self._runs_here(state, use)
+            if use.id not in returned and not self._runs_here(session, state, use)
         ]
 
     def _status(self, session: _Session) -> HostStatus:

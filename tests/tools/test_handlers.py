@@ -9,8 +9,9 @@ import anyio
 import pytest
 
 from turnkeeper.events import AgentSpec, InputError, ToolCalled, ToolResult, ToolSpec, ToolUse
+from turnkeeper.events._memory_log import MemoryLog
 from turnkeeper.providers import ScriptedChat, text_response, tool_response
-from turnkeeper.sessions import run
+from turnkeeper.sessions import Host, run
 from turnkeeper.tools._handlers import (
     ToolContext,
     as_handler,
@@ -195,6 +196,26 @@ async def test_run_hands_coerced_arguments_to_the_handler_and_logs_them() -> Non
     result = await run(SPEC, "Weather?", chat, tools={"weather": weather})
     assert seen == [{"city": "Oslo", "days": 3}]
     [called] = [e.event for e in result.events if isinstance(e.event, ToolCalled)]
+    assert called.input == {"city": "Oslo", "days": 3}
+
+
+@pytest.mark.anyio
+async def test_a_host_hands_coerced_arguments_to_the_handler_and_logs_them() -> None:
+    seen: list[dict[str, Any]] = []
+
+    async def weather(city: str, days: int = 1) -> str:
+        seen.append({"city": city, "days": days})
+        return "sunny"
+
+    chat = ScriptedChat(
+        [tool_response(("weather", {"city": "Oslo", "days": "3"})), text_response("Sunny.")]
+    )
+    async with Host(chat=chat, log=MemoryLog(), tools={"weather": weather}) as host:
+        session_id = await host.start(SPEC, "Weather?")
+        assert (await host.result(session_id, wait=30)).status == "idle"
+        events = await host.events(session_id)
+    assert seen == [{"city": "Oslo", "days": 3}]
+    [called] = [e.event for e in events if isinstance(e.event, ToolCalled)]
     assert called.input == {"city": "Oslo", "days": 3}
 
 

@@ -60,7 +60,14 @@ from turnkeeper.sessions._poll import (
     failure_events,
     opened_event,
 )
-from turnkeeper.tools._handlers import ToolContext, Tools, as_handler, check_call, run_tool
+from turnkeeper.tools._handlers import (
+    ToolContext,
+    Tools,
+    as_handler,
+    check_call,
+    coerce_call,
+    run_tool,
+)
 from turnkeeper.tools._mcp import McpPool, McpTools
 from turnkeeper.tracing._hooks import (
     AgentSpan,
@@ -606,7 +613,8 @@ class Host:
         events: list[AnyEvent] = []
         for use in uses:
             if session.refusal(state, use) is None:
-                events.append(ToolCalled(tool_call_id=use.id, name=use.name, input=use.input))
+                arguments = coerce_call(state.spec, use).input
+                events.append(ToolCalled(tool_call_id=use.id, name=use.name, input=arguments))
             session.announced.add(use.id)
         return events
 
@@ -623,6 +631,7 @@ class Host:
                 results[use.id] = ToolResult(use.id, refusal, is_error=True)
                 self._count("tool_errors")
                 return
+            use = coerce_call(session.state.spec, use)
             ctx = ToolContext(session.state.session_id, use.id, use.name)
             mcp = session.mcp
             failure: McpFailed | None = None

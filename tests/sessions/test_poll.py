@@ -528,3 +528,21 @@ async def test_a_response_that_cannot_be_logged_is_malformed_not_a_crash() -> No
     with pytest.raises(ChatError, match="cannot be logged as JSON") as caught:
         await poll_turn(open_session(SPEC), Kickoff("go"), chat)
     decode_jsonl(encode_jsonl(caught.value.events))
+
+
+async def test_terminal_tool_arguments_are_coerced_safely_before_finishing() -> None:
+    spec = AgentSpec(
+        tools=(
+            ToolSpec(
+                "finish",
+                "",
+                {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]},
+            ),
+        ),
+        terminal_tool="finish",
+    )
+    chat = ScriptedChat([tool_response(("finish", {"n": "42"}))])
+    events, state = await poll_turn(open_session(spec), Kickoff("go"), chat)
+    assert normalize(events).result == {"n": 42}
+    assert state.result == {"n": 42}
+    assert replay(events) == state

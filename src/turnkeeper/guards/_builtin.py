@@ -3,7 +3,9 @@ nothing when that setting is None, so a session turns a guard off in its config.
 
 from __future__ import annotations
 
-from turnkeeper._jsonschema import validate
+import msgspec
+
+from turnkeeper._jsonschema import coerce, validate
 from turnkeeper.events import SessionState
 from turnkeeper.events._messages import call_key, gist, last_tool_result
 from turnkeeper.guards._view import CONTINUE, Directive, GuardView, Halt, SelfAnswer, Verdict
@@ -128,8 +130,11 @@ def terminal_tool(view: GuardView) -> Verdict:
         if call.name != terminal or call.error is not None:
             continue
         tool = state.spec.tool(terminal)
-        if tool is None or not validate(tool.input_schema, call.input):
+        if tool is None:
             return Verdict(finish=call)
+        arguments = coerce(tool.input_schema, call.input)
+        if not validate(tool.input_schema, arguments):
+            return Verdict(finish=msgspec.structs.replace(call, input=arguments))
     if not config.required or reply.calls or reply.finish_reason != "stop":
         return CONTINUE
     if state.reprompts < config.max_reprompts:

@@ -11,6 +11,13 @@ from turnkeeper.providers._scripted import (
     text_response,
     tool_response,
 )
+from turnkeeper.providers._shaping import (
+    TokenCounter,
+    approx_tokens,
+    with_prompt_fitting,
+    with_step_timeout,
+    with_tool_ranking,
+)
 
 __all__ = [
     "Chat",
@@ -18,11 +25,16 @@ __all__ = [
     "ScriptExhausted",
     "ScriptItem",
     "ScriptedChat",
+    "TokenCounter",
     "ToolCallSpec",
     "aclose_shared_client",
+    "approx_tokens",
     "error_for_status",
     "parse_retry_after",
     "text_response",
     "tool_response",
+    "with_prompt_fitting",
     "with_retry",
+    "with_step_timeout",
+    "with_tool_ranking",
 ]

@@ -7,15 +7,16 @@ nothing is downloaded at run time.
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, cast
 
 import anyio
 import anyio.lowlevel
 import anyio.to_thread
+import msgspec
 
 from turnkeeper.events import ChatError, InputError, TurnkeeperError
 from turnkeeper.providers._inline import InlineTools
@@ -54,8 +55,9 @@ def default_model_path() -> str:
     )
 
 
-@dataclass(frozen=True)
-class _Key:
+class _Key(msgspec.Struct, frozen=True):
+    """What a loaded model is shared by: its file and the settings it was loaded with."""
+
     path: str
     n_ctx: int
     n_threads: int | None
@@ -72,6 +74,19 @@ class _Loaded:
 
 _loaded: dict[_Key, _Loaded] = {}
 _loading = threading.Lock()
+
+
+@atexit.register
+def _close_loaded() -> None:
+    # Freed here, not by Llama.__del__ at interpreter teardown, when the llama.cpp
+    # bindings it calls may already be gone (a TypeError printed on every exit).
+    with _loading:
+        for loaded in _loaded.values():
+            with loaded.busy:
+                loaded.llama.close()
+        _loaded.clear()
+
+
 # Callers in one event loop queue on an anyio lock per model rather than each holding a
 # worker thread while it waits for `_Loaded.busy`.
 _queues: anyio.lowlevel.RunVar[dict[_Key, anyio.Lock]] = anyio.lowlevel.RunVar(
@@ -92,6 +107,8 @@ class EmbeddedChat:
     Generation is seeded (`seed`, unless the request gives one), so the same request gets
     the same reply. `max_tokens` applies when the request sets none; `chat_format` names a
     llama-cpp-python chat format for weights whose GGUF carries no chat template.
+    `n_threads` defaults to llama-cpp-python's choice, half the CPUs: on cores shared with
+    other work, more threads can be several times slower.
     """
 
     def __init__(

@@ -554,3 +554,23 @@ def test_run_with_no_server_and_no_key_generates_with_the_embedded_model(tmp_pat
     assert responses
     assert all(response.usage.completion_tokens > 0 for response in responses)
     assert "model: thinking…" in done.err
+
+
+def test_run_takes_tools_from_an_mcp_server_given_on_the_command_line(tmp_path: Path) -> None:
+    server_script = Path(__file__).parent / "tools" / "mcp_server.py"
+    echo = tool_response(("echo", {"text": "hi", "times": 2}, "call_1"))
+    with chat_server(reply(echo), reply(text_response("hihi"))) as server:
+        done = cli(
+            "run",
+            "Echo hi twice.",
+            "--base-url",
+            server.base_url,
+            "--mcp",
+            f"{sys.executable} {server_script}",
+            cwd=tmp_path,
+        )
+    assert (done.code, done.out) == (0, "hihi\n")
+    offered = [tool["function"]["name"] for tool in server.received[0].body["tools"]]
+    assert "echo" in offered
+    assert "calculator" in offered
+    assert calls(server)[1][-1]["content"] == "hi hi"

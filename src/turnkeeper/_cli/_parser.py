@@ -118,6 +118,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--log", type=_text("a path"), metavar="PATH", help="record the session (.jsonl or SQLite)"
     )
     run.add_argument("--json", action="store_true", help="print every event as JSON Lines instead")
+    run.add_argument(
+        "--mcp",
+        action="append",
+        default=[],
+        metavar="'CMD ARGS'",
+        help="an MCP server to start (stdio) and take tools from; may be repeated",
+    )
 
     replay = commands.add_parser(
         "replay",

@@ -8,6 +8,7 @@ from typing import Any
 
 import msgspec
 
+from turnkeeper import tracing
 from turnkeeper._cli import _codes
 from turnkeeper._cli._backend import chat_backend
 from turnkeeper._cli._guards import parse_guards
@@ -26,6 +27,7 @@ from turnkeeper.events import (
 )
 from turnkeeper.providers import Chat, aclose_shared_client
 from turnkeeper.sessions import RunResult, new_session_id, run
+from turnkeeper.tools._mcp import mcp_servers_from_commands
 
 SYSTEM_PROMPT = (
     "You are a helpful assistant. Use a tool when it gives a better answer than you can "
@@ -46,6 +48,7 @@ class RunOptions(msgspec.Struct, frozen=True):
     timeout: float | None
     log: str | None
     json: bool
+    mcp: list[str] = []
 
 
 class _Output:
@@ -110,7 +113,9 @@ async def run_command(options: RunOptions) -> int:
         tools=tools.specs,
         terminal_tool=tools.terminal,
         model=options.model or "default",
+        mcp_servers=mcp_servers_from_commands(options.mcp),
     )
+    tracing.configure_from_env()
     guards = GuardConfig()
     if options.base_url is None:
         # The embedded model is a small one: send it a window of the history, and so on.

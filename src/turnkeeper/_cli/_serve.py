@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import anyio
 import msgspec
 
+from turnkeeper import tracing
 from turnkeeper._cli import _codes
 from turnkeeper._cli._backend import chat_backend
 from turnkeeper.events import InputError
@@ -43,6 +44,7 @@ async def serve_command(options: ServeOptions) -> int:
     # Imported here: the web stack is slow to import and only `serve` needs it.
     from turnkeeper.service import TOKEN_VARIABLE, serve
 
+    tracing.configure_from_env()
     token = await _given_token(options)
     made_up = token is None and not os.environ.get(TOKEN_VARIABLE)
 

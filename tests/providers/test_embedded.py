@@ -115,6 +115,7 @@ async def test_an_obvious_request_gets_a_well_formed_tool_call(chat: EmbeddedCha
     assert call["function"]["name"] == "add"
     arguments = json.loads(call["function"]["arguments"])
     assert validate(ADD_SCHEMA, arguments) == []
+    assert arguments == {"a": 17, "b": 25}
     assert response["turnkeeper"]["unreadable"] is False
 
 

@@ -1,10 +1,11 @@
+# `make demo` sets up a fresh clone and runs one session on the embedded model.
 # `make test` sets up a fresh clone (a .venv with the project and its dev tools) and runs
 # everything CI runs: lint, format check, strict type check and the whole test suite.
 VENV ?= .venv
 PY := $(VENV)/bin/python
-EXTRAS ?= dev,mcp,otel
+EXTRAS ?= dev,embedded,mcp,otel
 
-.PHONY: setup lint typecheck test bench
+.PHONY: setup demo lint typecheck test bench
 
 $(VENV)/.installed-$(EXTRAS): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -13,6 +14,10 @@ $(VENV)/.installed-$(EXTRAS): pyproject.toml
 	touch $@
 
 setup: $(VENV)/.installed-$(EXTRAS)
+
+# The main job: one session on the embedded model (no server, no key), each step live.
+demo: setup
+	$(VENV)/bin/turnkeeper run "What is 17 * 23? Use the calculator."
 
 lint: setup
 	$(PY) -m ruff check .

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import msgspec
 
+FINAL_TURN_LEAD = "This is your last turn."
+"""How the final-turn directive starts; backends that constrain the last reply look for it."""
+
 
 class MaxTurns(msgspec.Struct, frozen=True):
     """Halt an episode that would make more model calls than the session's `max_turns`."""

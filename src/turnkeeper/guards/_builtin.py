@@ -8,6 +8,7 @@ import msgspec
 from turnkeeper._jsonschema import coerce, validate
 from turnkeeper.events import SessionState
 from turnkeeper.events._messages import call_key, gist, last_tool_result
+from turnkeeper.events._policy import FINAL_TURN_LEAD
 from turnkeeper.guards._view import CONTINUE, Directive, GuardView, Halt, SelfAnswer, Verdict
 
 
@@ -39,12 +40,12 @@ def final_turn(view: GuardView) -> Verdict:
     terminal = state.spec.terminal_tool
     if terminal is not None:
         text = (
-            f"This is your last turn. Finish now: call `{terminal}` with your final answer, "
+            f"{FINAL_TURN_LEAD} Finish now: call `{terminal}` with your final answer, "
             "using what you already have."
         )
     else:
         text = (
-            "This is your last turn. Finish now: answer with what you already have, "
+            f"{FINAL_TURN_LEAD} Finish now: answer with what you already have, "
             "and do not call any more tools."
         )
     return Verdict(directives=(Directive("final_turn", text),))

@@ -1,6 +1,8 @@
 """Chat backends and what wraps them: the chat type, retry, and a scripted backend for tests."""
 
 from turnkeeper.providers._chat import Chat, error_for_status, parse_retry_after
+from turnkeeper.providers._embedded import EmbeddedChat, EmbeddedUnavailable
+from turnkeeper.providers._inline import InlineTools
 from turnkeeper.providers._openai import OpenAIChat, aclose_shared_client
 from turnkeeper.providers._retry import with_retry
 from turnkeeper.providers._scripted import (
@@ -21,6 +23,9 @@ from turnkeeper.providers._shaping import (
 
 __all__ = [
     "Chat",
+    "EmbeddedChat",
+    "EmbeddedUnavailable",
+    "InlineTools",
     "OpenAIChat",
     "ScriptExhausted",
     "ScriptItem",

@@ -19,10 +19,11 @@ import json
 import re
 from typing import Any, Final
 
+from turnkeeper.events._policy import FINAL_TURN_LEAD
 from turnkeeper.providers._chat import Chat
 from turnkeeper.tools import ParsedCall, ParsedReply, parse_tool_calls
 
-FINAL_TURN_PREFIX: Final = "This is your last turn"
+FINAL_TURN_PREFIX: Final = FINAL_TURN_LEAD.rstrip(".")
 """How the final-turn directive begins; on it the reply is constrained to an answer."""
 
 RESULT_CHARS: Final = 1500

@@ -113,7 +113,7 @@ def test_malformed_arguments_say_why_and_how_to_fix() -> None:
     bad = use(args={}, error="arguments are not valid JSON (truncated): '{\"city'")
     refusal = check_call(SPEC, bad)
     assert refusal is not None
-    assert refusal.startswith("arguments are not valid JSON (truncated)")
+    assert refusal.startswith("Error: arguments are not valid JSON (truncated)")
     assert "Call weather again with a JSON object" in refusal
 
 
@@ -123,7 +123,7 @@ def test_malformed_arguments_are_refused_even_without_tools_in_the_spec() -> Non
 
 def test_unknown_tool_lists_the_tools() -> None:
     refusal = check_call(SPEC, use("radar", {}))
-    assert refusal == "unknown tool 'radar'. The tools are: weather, clock."
+    assert refusal == "Error: unknown tool 'radar'. The tools are: weather, clock. Try again."
 
 
 @pytest.mark.parametrize(
@@ -137,9 +137,9 @@ def test_unknown_tool_lists_the_tools() -> None:
 def test_schema_invalid_arguments_name_the_path(args: dict[str, Any], path: str) -> None:
     refusal = check_call(SPEC, use(args=args))
     assert refusal is not None
-    assert refusal.startswith("invalid arguments for weather: ")
+    assert refusal.startswith("Error: invalid arguments for weather: ")
     assert path in refusal
-    assert refusal.endswith("Fix them and try again.")
+    assert refusal.endswith(". Try again.")
 
 
 def test_every_schema_problem_is_listed() -> None:

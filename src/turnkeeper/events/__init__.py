@@ -51,6 +51,7 @@ from turnkeeper.events._policy import (
     GuardConfig,
     LoopDetection,
     MaxTurns,
+    Repair,
     SmallModel,
     TerminalTool,
 )
@@ -100,6 +101,7 @@ __all__ = [
     "Message",
     "MessageReceived",
     "ModelResponded",
+    "Repair",
     "ReplayError",
     "SeqConflict",
     "SeqError",

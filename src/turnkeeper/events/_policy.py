@@ -23,6 +23,13 @@ class DuplicateCalls(msgspec.Struct, frozen=True):
     """Self-answer an exact repeat of (name, args) within an episode instead of running it."""
 
 
+class Repair(msgspec.Struct, frozen=True):
+    """A bad reply (an unknown tool, unreadable or invalid arguments) goes back to the model
+    as a tool error; `max_bad_replies` bad replies in a row end the run with an apology."""
+
+    max_bad_replies: int = 2
+
+
 class ConsecutiveErrors(msgspec.Struct, frozen=True):
     """Send a corrective directive when a tool has failed `threshold` times in a row."""
 
@@ -69,6 +76,7 @@ class GuardConfig(msgspec.Struct, frozen=True):
     max_turns: MaxTurns | None = MaxTurns()
     final_turn: FinalTurn | None = FinalTurn()
     duplicates: DuplicateCalls | None = DuplicateCalls()
+    repair: Repair | None = Repair()
     consecutive_errors: ConsecutiveErrors | None = ConsecutiveErrors()
     loop: LoopDetection | None = LoopDetection()
     terminal: TerminalTool | None = TerminalTool()

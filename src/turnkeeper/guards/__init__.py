@@ -8,6 +8,7 @@ from turnkeeper.events._policy import (
     GuardConfig,
     LoopDetection,
     MaxTurns,
+    Repair,
     SmallModel,
     TerminalTool,
 )
@@ -18,6 +19,7 @@ from turnkeeper.guards._builtin import (
     final_turn,
     loop_detection,
     max_turns,
+    repair,
     terminal_tool,
 )
 from turnkeeper.guards._compose import compose
@@ -39,6 +41,7 @@ default_guards: Guard = compose(
     budget,
     loop_detection,
     duplicate_calls,
+    repair,
     consecutive_errors,
     resume_next_step,
     restate_request,
@@ -62,6 +65,7 @@ __all__ = [
     "LoopDetection",
     "MaxTurns",
     "Phase",
+    "Repair",
     "Reply",
     "SelfAnswer",
     "SmallModel",
@@ -76,6 +80,7 @@ __all__ = [
     "final_turn",
     "loop_detection",
     "max_turns",
+    "repair",
     "restate_request",
     "resume_next_step",
     "terminal_tool",

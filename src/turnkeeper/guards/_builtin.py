@@ -7,6 +7,7 @@ import msgspec
 
 from turnkeeper._jsonschema import coerce, validate
 from turnkeeper.events import SessionState
+from turnkeeper.events._calls import reply_problem
 from turnkeeper.events._messages import call_key, gist, last_tool_result
 from turnkeeper.events._policy import FINAL_TURN_LEAD
 from turnkeeper.guards._view import CONTINUE, Directive, GuardView, Halt, SelfAnswer, Verdict
@@ -74,6 +75,24 @@ def duplicate_calls(view: GuardView) -> Verdict:
             answers.append(SelfAnswer(call.id, call.name, key[1], message))
         seen.add(key)
     return Verdict(self_answers=tuple(answers)) if answers else CONTINUE
+
+
+def repair(view: GuardView) -> Verdict:
+    """End the run with an apology when `max_bad_replies` replies in a row were bad (an
+    unknown tool, unreadable or invalid arguments); a bad reply before that is answered
+    with tool errors by whoever runs the tools, and the model tries again."""
+    state = view.state
+    config = state.guards.repair
+    reply = view.reply
+    if view.phase != "after_response" or reply is None or config is None:
+        return CONTINUE
+    if state.bad_replies + 1 < config.max_bad_replies:
+        return CONTINUE
+    problem = reply_problem(state.spec, reply.calls, reply.unreadable)
+    if problem is None:
+        return CONTINUE
+    lead = f"I'm sorry: I could not make a valid tool call ({gist(problem)})."
+    return Verdict(halt=Halt("repair", "bad_tool_calls", with_last_result(state, lead)))
 
 
 def consecutive_errors(view: GuardView) -> Verdict:

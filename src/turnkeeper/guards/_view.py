@@ -20,6 +20,7 @@ class Reply(msgspec.Struct, frozen=True):
     calls: tuple[ToolUse, ...]
     finish_reason: str | None
     usage: Usage
+    unreadable: bool = False
 
 
 class GuardView(msgspec.Struct, frozen=True):

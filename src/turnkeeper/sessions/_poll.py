@@ -36,6 +36,7 @@ from turnkeeper.events import (
     apply_event,
     collecting_events,
 )
+from turnkeeper.events._calls import is_unreadable
 from turnkeeper.events._messages import text_of, tool_uses_of
 from turnkeeper.guards import Guard, GuardView, Reply, default_guards, window
 from turnkeeper.providers._chat import Chat as Chat
@@ -188,16 +189,23 @@ def end_poll(
     """Apply the model's response and the after-response guards. Raises ChatError
     ("malformed response: ...") when the response is not chat-completions shaped."""
     message, finish_reason, usage = check_response(response, call_prefix=f"call_{state.seq + 1}")
+    assert isinstance(response, dict)  # check_response saw to it
     try:
         _json.encode(response)
     except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as exc:
         raise _malformed(f"it cannot be logged as JSON ({exc})") from None
-    reply = Reply(message, text_of(message), tool_uses_of(message), finish_reason, usage)
+    reply = Reply(
+        message,
+        text_of(message),
+        tool_uses_of(message),
+        finish_reason,
+        usage,
+        is_unreadable(response),
+    )
     verdict = guard(GuardView("after_response", state, now, reply=reply))
     log = _Log(state)
     for event in reported:
         log.push(event, now)
-    assert isinstance(response, dict)
     log.push(
         ModelResponded(
             response=response, message=message, finish_reason=finish_reason, usage=usage

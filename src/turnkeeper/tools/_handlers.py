@@ -9,8 +9,9 @@ from typing import Any
 import anyio
 import msgspec
 
-from turnkeeper._jsonschema import coerce, validate
+from turnkeeper._jsonschema import coerce
 from turnkeeper.events import AgentSpec, InputError, ToolResult, ToolUse
+from turnkeeper.events._calls import call_problem
 
 
 class ToolContext(msgspec.Struct, frozen=True):
@@ -58,24 +59,8 @@ def as_handler(tools: Tools) -> ToolHandler:
     return tools
 
 
-def check_call(spec: AgentSpec, use: ToolUse) -> str | None:
-    """Why `use` must not run (unknown tool, unreadable or invalid arguments), or None.
-
-    The arguments are checked as `coerce_call` gives them to the handler, so `"3"` for
-    an integer is not refused.
-    """
-    if use.error is not None:
-        return f"{use.error}. Call {use.name} again with a JSON object as its arguments."
-    if not spec.tools:
-        return None
-    tool = spec.tool(use.name)
-    if tool is None:
-        known = ", ".join(t.name for t in spec.tools)
-        return f"unknown tool {use.name!r}. The tools are: {known}."
-    errors = validate(tool.input_schema, coerce(tool.input_schema, use.input))
-    if errors:
-        return f"invalid arguments for {use.name}: {'; '.join(errors)}. Fix them and try again."
-    return None
+check_call = call_problem
+"""Why a call must not run, as the tool error the model is sent, or None."""
 
 
 def coerce_call(spec: AgentSpec, use: ToolUse) -> ToolUse:

@@ -1,0 +1,45 @@
+"""Whether a tool call may run: the one check shared by the runners, the repair guard and
+the fold."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from turnkeeper._jsonschema import coerce, validate
+from turnkeeper.events._types import AgentSpec, ToolUse
+
+
+def call_problem(spec: AgentSpec, use: ToolUse) -> str | None:
+    """Why `use` must not run (unreadable or invalid arguments, an unknown tool), as the tool
+    error the model is sent, or None. Arguments are checked as the handler would get them,
+    after the safe coercions of `coerce` (so `"3"` for an integer is not refused)."""
+    if use.error is not None:
+        problem = f"{use.error}. Call {use.name} again with a JSON object as its arguments."
+    elif not spec.tools:
+        return None
+    elif (tool := spec.tool(use.name)) is None:
+        known = ", ".join(t.name for t in spec.tools)
+        problem = f"unknown tool {use.name!r}. The tools are: {known}."
+    else:
+        errors = validate(tool.input_schema, coerce(tool.input_schema, use.input))
+        if not errors:
+            return None
+        problem = f"invalid arguments for {use.name}: {'; '.join(errors)}."
+    return f"Error: {problem} Try again."
+
+
+def is_unreadable(response: dict[str, Any]) -> bool:
+    """Whether a backend flagged the reply as an attempted tool call it could not read."""
+    marks = response.get("turnkeeper")
+    return isinstance(marks, dict) and marks.get("unreadable") is True
+
+
+def reply_problem(spec: AgentSpec, uses: tuple[ToolUse, ...], unreadable: bool) -> str | None:
+    """What makes a reply bad (an unreadable call, or a call that must not run), or None."""
+    if unreadable:
+        return "the reply is neither a readable tool call nor an answer"
+    for use in uses:
+        problem = call_problem(spec, use)
+        if problem is not None:
+            return problem.removeprefix("Error: ").removesuffix(" Try again.")
+    return None

@@ -27,6 +27,7 @@ from turnkeeper.events import (
     McpFailed,
     MessageReceived,
     ModelResponded,
+    ReplyReplaced,
     SessionOpened,
     TerminalToolCalled,
     ToolCalled,
@@ -56,6 +57,7 @@ TAGS: dict[type[Event], str] = {
     Cancelled: "local.cancelled",
     Failed: "local.failed",
     McpFailed: "local.mcp_error",
+    ReplyReplaced: "local.reply_replaced",
 }
 
 SPEC = AgentSpec(
@@ -106,6 +108,7 @@ EXAMPLES: list[AnyEvent] = [
     TerminalToolCalled(tool_call_id="call_3", name="search", result={"answer": 42}),
     Cancelled(reason="user asked"),
     Failed(error="crashed 3 times in 60 s"),
+    ReplyReplaced(guard="small_model", text="22 C and sunny"),
     McpFailed(
         server="files",
         reason="timeout",

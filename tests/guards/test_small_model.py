@@ -17,6 +17,7 @@ from turnkeeper.events import (
     ToolSpec,
     ToolUse,
     Usage,
+    replay,
 )
 from turnkeeper.guards import (
     CONTINUE,
@@ -28,7 +29,7 @@ from turnkeeper.guards import (
     window,
 )
 from turnkeeper.providers import ScriptedChat, text_response, tool_response
-from turnkeeper.sessions import open_session, run
+from turnkeeper.sessions import open_session, recheck, run
 
 SPEC = AgentSpec(
     system_prompt="sys",
@@ -160,3 +161,25 @@ async def test_run_in_small_model_mode_sends_a_window_and_logs_everything() -> N
     full = [m for m in result.transcript if m["role"] == "tool"]
     assert all(not m["content"].endswith("…(cut)") for m in full)
     assert len(last_sent) < len(result.transcript)
+
+
+@pytest.mark.anyio
+async def test_a_reply_that_echoes_an_earlier_result_is_replaced_by_the_last_one() -> None:
+    chat = ScriptedChat(
+        [
+            tool_response(("web_search", {"q": "monday"})),
+            tool_response(("web_search", {"q": "today"})),
+            text_response("Monday: rain"),
+        ]
+    )
+
+    async def search(q: str) -> str:
+        return {"monday": "Monday: rain", "today": "Today: sunny, 22 C"}[q]
+
+    result = await run(SPEC, "weather today?", chat, tools={"web_search": search}, guards=ON)
+    assert result.text == "Today: sunny, 22 C"
+    assert result.transcript[-2]["content"] == "Monday: rain"
+    assert result.transcript[-1] == {"role": "assistant", "content": "Today: sunny, 22 C"}
+    assert [e.type for e in result.events][-1] == "local.reply_replaced"
+    assert replay(result.events) == result.state
+    assert recheck(result.events) is None

@@ -61,6 +61,14 @@ class DuplicateToolCall(Event, frozen=True, tag="local.duplicate_tool_call"):
     message: str
 
 
+class ReplyReplaced(Event, frozen=True, tag="local.reply_replaced"):
+    """A guard replaced the model's answer (one that only echoed an earlier tool result)
+    with `text`; the model's own reply stays in the log and the history."""
+
+    guard: str
+    text: str
+
+
 class ChatRetried(Event, frozen=True, tag="local.chat_retry"):
     """A transient chat failure; the request is retried after `delay` seconds."""
 
@@ -142,6 +150,7 @@ AnyEvent = (
     | DirectiveInjected
     | ModelResponded
     | DuplicateToolCall
+    | ReplyReplaced
     | ChatRetried
     | ChatFailed
     | ToolCalled

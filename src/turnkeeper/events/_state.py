@@ -22,6 +22,7 @@ from turnkeeper.events._events import (
     Halted,
     MessageReceived,
     ModelResponded,
+    ReplyReplaced,
     SessionOpened,
     TerminalToolCalled,
     ToolResultsReceived,
@@ -241,6 +242,14 @@ def _apply_message(state: SessionState, event: Any, envelope: Envelope) -> Sessi
     )
 
 
+def _apply_replaced(state: SessionState, event: Any, envelope: Envelope) -> SessionState:
+    return _replace(
+        state,
+        seq=envelope.seq,
+        history=(*state.history, {"role": "assistant", "content": event.text}),
+    )
+
+
 def _apply_halt(state: SessionState, event: Any, envelope: Envelope) -> SessionState:
     return _replace(
         state,
@@ -431,6 +440,7 @@ _RULES: dict[type, _Rule] = {
     ToolResultsReceived: _apply_results,
     DuplicateToolCall: _apply_duplicate,
     DirectiveInjected: _apply_directive,
+    ReplyReplaced: _apply_replaced,
     MessageReceived: _apply_message,
     Halted: _apply_halt,
     TerminalToolCalled: _apply_terminal,

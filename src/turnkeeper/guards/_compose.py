@@ -12,6 +12,7 @@ def compose(*guards: Guard) -> Guard:
     def composed(view: GuardView) -> Verdict:
         directives: list[Directive] = []
         answers: list[SelfAnswer] = []
+        replacement: Directive | None = None
         for guard in guards:
             verdict = guard(view)
             if verdict is CONTINUE:
@@ -22,9 +23,12 @@ def compose(*guards: Guard) -> Guard:
                     self_answers=tuple(answers), halt=verdict.halt, finish=verdict.finish
                 )
             directives.extend(verdict.directives)
-        if not directives and not answers:
+            replacement = replacement or verdict.replacement
+        if not directives and not answers and replacement is None:
             return CONTINUE
-        return Verdict(directives=tuple(directives), self_answers=tuple(answers))
+        return Verdict(
+            directives=tuple(directives), self_answers=tuple(answers), replacement=replacement
+        )
 
     composed.__name__ = (
         "compose(" + ", ".join(getattr(g, "__name__", "guard") for g in guards) + ")"

@@ -75,6 +75,9 @@ def correct_reply(view: GuardView) -> Verdict:
             "Fix the call and try again, or tell the user plainly that it failed."
         )
         return Verdict(directives=(Directive("small_model", text),))
+    echoed = _echoed_result(state.history, reply.text)
+    if echoed is not None:
+        return Verdict(replacement=Directive("small_model", gist(echoed)))
     pushed = _pushed_tool(state, reply.text)
     if pushed is not None:
         text = (
@@ -83,6 +86,20 @@ def correct_reply(view: GuardView) -> Verdict:
         )
         return Verdict(directives=(Directive("small_model", text),))
     return CONTINUE
+
+
+def _echoed_result(history: tuple[Message, ...], text: str) -> str | None:
+    """The last tool result, when `text` only echoes an earlier (not the last) result."""
+    said = " ".join(text.split())
+    results = [text_of(m) or "" for m in history if m.get("role") == "tool"]
+    if len(results) < 2 or not said:
+        return None
+    last = results[-1]
+    if said == " ".join(last.split()):
+        return None
+    if any(said == " ".join(result.split()) for result in results[:-1]):
+        return last
+    return None
 
 
 def _last_failure(history: tuple[Message, ...]) -> str | None:

@@ -63,12 +63,14 @@ class Halt(msgspec.Struct, frozen=True):
 
 
 class Verdict(msgspec.Struct, frozen=True):
-    """A guard's answer: add directives or self-answers, halt, or finish with the terminal tool."""
+    """A guard's answer: add directives or self-answers, halt, finish with the terminal tool,
+    or (after a plain answer) replace the answer with another text."""
 
     directives: tuple[Directive, ...] = ()
     self_answers: tuple[SelfAnswer, ...] = ()
     halt: Halt | None = None
     finish: ToolUse | None = None
+    replacement: Directive | None = None
 
 
 CONTINUE = Verdict()

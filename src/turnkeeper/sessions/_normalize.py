@@ -13,6 +13,7 @@ from turnkeeper.events import (
     Envelope,
     Halted,
     ModelResponded,
+    ReplyReplaced,
     TerminalToolCalled,
     ToolUse,
     Usage,
@@ -49,6 +50,7 @@ def normalize(events: Sequence[Envelope]) -> TurnResult:
     halted: Halted | None = None
     finished: TerminalToolCalled | None = None
     directed_after = False
+    replaced: str | None = None
     for envelope in events:
         event = envelope.event
         if isinstance(event, ModelResponded):
@@ -61,6 +63,8 @@ def normalize(events: Sequence[Envelope]) -> TurnResult:
             finished = event
         elif isinstance(event, DirectiveInjected) and response is not None:
             directed_after = True
+        elif isinstance(event, ReplyReplaced):
+            replaced = event.text
     frozen = tuple(events)
     usage = response.usage if response is not None else Usage()
     if halted is not None:
@@ -78,5 +82,5 @@ def normalize(events: Sequence[Envelope]) -> TurnResult:
     if calls or directed_after:
         return TurnResult("requires_action", "tool_use", text, fresh, usage, frozen, None, problems)
     if response.finish_reason == "stop":
-        return TurnResult("end_turn", "end_turn", text, (), usage, frozen)
+        return TurnResult("end_turn", "end_turn", replaced or text, (), usage, frozen)
     return TurnResult("terminated", response.finish_reason or "unknown", text, (), usage, frozen)

@@ -25,6 +25,7 @@ from turnkeeper.events import (
     Message,
     MessageReceived,
     ModelResponded,
+    ReplyReplaced,
     SessionOpened,
     SessionState,
     TerminalToolCalled,
@@ -228,9 +229,12 @@ def end_poll(
     elif verdict.finish is not None:
         use = verdict.finish
         log.push(TerminalToolCalled(tool_call_id=use.id, name=use.name, result=use.input), now)
-    else:
+    elif verdict.directives:
         for directive in verdict.directives:
             log.push(DirectiveInjected(guard=directive.guard, text=directive.text), now)
+    elif verdict.replacement is not None and not reply.calls:
+        replacement = verdict.replacement
+        log.push(ReplyReplaced(guard=replacement.guard, text=replacement.text), now)
     return log.events, log.state
 
 

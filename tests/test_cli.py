@@ -544,7 +544,8 @@ GOOD_LOG = encode_jsonl(
 
 def test_run_with_no_server_and_no_key_generates_with_the_embedded_model(tmp_path: Path) -> None:
     done = cli("run", "What is 2+3?", "--log", "embedded.jsonl", cwd=tmp_path)
-    assert done.code == 0, done.err
+    # A 135M model: an answer (0) or a guard's clean stop (1), never a failure.
+    assert done.code in (0, 1), done.err
     assert done.out.strip()
     events = read_jsonl(tmp_path / "embedded.jsonl").events
     opened = events[0].event
@@ -554,6 +555,8 @@ def test_run_with_no_server_and_no_key_generates_with_the_embedded_model(tmp_pat
     assert responses
     assert all(response.usage.completion_tokens > 0 for response in responses)
     assert "model: thinking…" in done.err
+    halts = [e.event for e in events if isinstance(e.event, Halted)]
+    assert all(halt.reason != "max_turns_exceeded" for halt in halts)
 
 
 def test_run_takes_tools_from_an_mcp_server_given_on_the_command_line(tmp_path: Path) -> None:

@@ -279,7 +279,8 @@ def test_metrics_parse_and_the_counters_move(server: ServerProcess) -> None:
         assert types["turnkeeper_sessions"] == "gauge"
         assert types["turnkeeper_model_calls_total"] == "counter"
         assert types["turnkeeper_log_append_seconds"] == "summary"
-        # A tool whose arguments never validate: tool errors, then the max-turns halt.
+        # A tool whose arguments never validate: a tool error, then the repair guard's halt
+        # at the second bad reply.
         strict = {"name": "lookup", "input_schema": {"type": "object", "required": ["id"]}}
         session_id = create(client, {"spec": {"tools": [strict]}, "prompt": "m", "max_turns": 3})
         info = settled(client, session_id)
@@ -289,8 +290,8 @@ def test_metrics_parse_and_the_counters_move(server: ServerProcess) -> None:
         def moved(name: str, labels: tuple[tuple[str, str], ...] = ()) -> float:
             return after[(name, labels)] - samples.get((name, labels), 0)
 
-        assert moved("turnkeeper_model_calls_total") == 3
-        assert moved("turnkeeper_tool_errors_total") >= 2
+        assert moved("turnkeeper_model_calls_total") == 2
+        assert moved("turnkeeper_tool_errors_total") >= 1
         assert moved("turnkeeper_sessions", (("status", "halted"),)) == 1
         assert after[("turnkeeper_log_append_seconds", (("quantile", "0.99"),))] > 0
 

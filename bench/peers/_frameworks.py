@@ -30,6 +30,6 @@ def load(name: str) -> Adapter:
         top = (error.name or "").partition(".")[0]
         if top not in packages:
             raise
-        raise Missing(f"{name}: not installed (no module {error.name!r})") from None
+        raise Missing(f"not installed (no module {top!r})") from None
     adapter: Adapter = module.adapter()
     return adapter

@@ -17,6 +17,7 @@ from _task import (
     Ended,
     fetch,
     next_move,
+    scripted_model,
 )
 
 # The `bench` extra installs these; without it, mypy sees them as Any (hence the ignores).
@@ -72,6 +73,7 @@ class ScriptedChatModel(BaseChatModel):  # type: ignore[misc, unused-ignore]
     ) -> ChatResult:
         return _reply(messages)
 
+    @scripted_model
     async def _agenerate(
         self,
         messages: list[BaseMessage],

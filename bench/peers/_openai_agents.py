@@ -20,6 +20,7 @@ from _task import (
     arguments_json,
     fetch,
     next_move,
+    scripted_model,
 )
 
 # The `bench` extra installs these; without it, mypy sees them as Any (hence the ignores).
@@ -58,6 +59,7 @@ def _output_text(item: TResponseInputItem) -> str | None:
 class ScriptedModel(Model):  # type: ignore[misc, unused-ignore]
     """The scripted model behind the SDK's `Model` interface."""
 
+    @scripted_model
     async def get_response(
         self,
         system_instructions: str | None,

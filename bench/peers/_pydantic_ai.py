@@ -15,6 +15,7 @@ from _task import (
     arguments_json,
     fetch,
     next_move,
+    scripted_model,
 )
 
 # The `bench` extra installs these; without it, mypy sees them as Any (hence the ignores).
@@ -39,6 +40,7 @@ def _returned(message: ModelMessage) -> Iterator[str]:
                 yield part.content
 
 
+@scripted_model
 async def scripted(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
     """The scripted model as a FunctionModel function."""
     last = next(_returned(messages[-1]), None)

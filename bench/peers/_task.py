@@ -12,11 +12,12 @@ tool count what they did there, so the harness checks each framework's work.
 from __future__ import annotations
 
 import asyncio
-import json
-from collections.abc import Callable, Iterable
+import functools
+import time
+from collections.abc import Callable, Coroutine, Iterable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, ParamSpec, Protocol, TypeVar
 
 SYSTEM_PROMPT = "You add up values. Fetch each value with the fetch tool, then answer with the sum."
 TOOL_NAME = "fetch"
@@ -54,7 +55,7 @@ def expected_answer(round_trips: int) -> str:
 
 
 def arguments_json(index: int) -> str:
-    return json.dumps({"i": index})
+    return f'{{"i": {index}}}'
 
 
 class CapReached(Exception):
@@ -96,6 +97,7 @@ class Session:
 
     `loop_cap` set: the model repeats `fetch(i=0)` forever, and raises CapReached past
     `loop_cap` calls. `parking` set: the tool call at index `park_at` waits there.
+    `model_ns` is the time spent inside the scripted model, to show it is negligible.
     """
 
     round_trips: int
@@ -103,6 +105,7 @@ class Session:
     parking: Parking | None = None
     park_at: int = -1
     model_calls: int = 0
+    model_ns: int = 0
     calls: list[int] = field(default_factory=list)
 
 
@@ -135,6 +138,26 @@ def next_move(last_result: str | None, results: Callable[[], Iterable[str]]) -> 
     if index < session.round_trips:
         return Call(call_id, index)
     return answer(sum(_value_of(text) for text in results()))
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def scripted_model(
+    model: Callable[P, Coroutine[Any, Any, R]],
+) -> Callable[P, Coroutine[Any, Any, R]]:
+    """`model` (a framework's scripted-model function), adding its time to `model_ns`."""
+
+    @functools.wraps(model)
+    async def timed(*args: P.args, **kwargs: P.kwargs) -> R:
+        start = time.perf_counter_ns()
+        try:
+            return await model(*args, **kwargs)
+        finally:
+            CURRENT.get().model_ns += time.perf_counter_ns() - start
+
+    return timed
 
 
 def _index_of(text: str) -> int:

@@ -17,6 +17,7 @@ from _task import (
     arguments_json,
     fetch,
     next_move,
+    scripted_model,
 )
 
 from turnkeeper import AgentSpec, ToolSpec, run
@@ -28,6 +29,7 @@ TOOLS = {TOOL_NAME: fetch}
 USAGE = {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": COMPLETION_TOKENS}
 
 
+@scripted_model
 async def scripted_chat(request: dict[str, Any]) -> dict[str, Any]:
     """The scripted model as a chat-completions backend."""
     messages: list[dict[str, Any]] = request["messages"]

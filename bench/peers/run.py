@@ -60,6 +60,7 @@ class Outcome:
     version: str | None = None
     status: str = "ok"
     per_turn_us: list[float] = field(default_factory=list)
+    model_us: list[float] = field(default_factory=list)
     rss_bytes: list[float] = field(default_factory=list)
     loop_calls: int | None = None
     loop_capped: bool = False
@@ -70,8 +71,11 @@ class Outcome:
             self.status = why
 
 
-async def timed_sessions(adapter: Adapter, round_trips: int, count: int) -> list[float]:
-    """Microseconds per model call of each of `count` sessions run one after another."""
+async def timed_sessions(
+    adapter: Adapter, round_trips: int, count: int
+) -> list[tuple[float, float]]:
+    """For each of `count` sessions run one after another: microseconds per model call,
+    and of those, the microseconds spent inside the scripted model."""
     samples = []
     text = prompt(round_trips)
     for _ in range(count):
@@ -84,7 +88,8 @@ async def timed_sessions(adapter: Adapter, round_trips: int, count: int) -> list
         finally:
             CURRENT.reset(token)
         check_session(adapter.name, session, ended)
-        samples.append(elapsed / 1000 / session.model_calls)
+        calls = session.model_calls
+        samples.append((elapsed / 1000 / calls, session.model_ns / 1000 / calls))
     return samples
 
 
@@ -158,7 +163,8 @@ async def run_in_process(
             except Exception as error:
                 outcomes[name].failed(f"error: {error!r:.200}")
                 continue
-            outcomes[name].per_turn_us.extend(samples)
+            outcomes[name].per_turn_us.extend(per_turn for per_turn, _ in samples)
+            outcomes[name].model_us.extend(model for _, model in samples)
         print(f"  per-turn overhead: repetition {repetition + 1}/{args.repetitions} done")
     for name in live:
         if outcomes[name].status != "ok":
@@ -215,6 +221,7 @@ def summarize(outcomes: dict[str, Outcome], args: argparse.Namespace) -> dict[st
                 "per_turn_overhead_us": _median(per_turn),
                 "per_turn_overhead_us_p10_p90": _spread(per_turn),
                 "sessions_timed": len(per_turn),
+                "scripted_model_us_per_call": _median(outcome.model_us),
                 "memory_per_session_bytes": _median(outcome.rss_bytes),
                 "memory_samples_bytes": [round(sample) for sample in outcome.rss_bytes],
                 "looping_model_calls": outcome.loop_calls,
@@ -225,6 +232,7 @@ def summarize(outcomes: dict[str, Outcome], args: argparse.Namespace) -> dict[st
     return {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": machine(),
+        "turnkeeper_commit": _commit(),
         "settings": {
             "round_trips": args.round_trips,
             "sessions_per_repetition": args.sessions,
@@ -240,6 +248,24 @@ def summarize(outcomes: dict[str, Outcome], args: argparse.Namespace) -> dict[st
         "frameworks": frameworks,
         "turnkeeper_vs_best_peer": compare(frameworks),
     }
+
+
+def _commit() -> str | None:
+    """The checkout's git commit, with "+changes" when its tree differs from it."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=HERE, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "../../src"],
+            cwd=HERE,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return f"{head}+changes" if dirty else head
 
 
 def _median(samples: list[float]) -> float | None:
@@ -297,6 +323,7 @@ def table(summary: dict[str, Any]) -> str:
         "framework",
         "version",
         "per-turn overhead (us, median)",
+        "of which scripted model",
         "memory per session (KB RSS)",
         "looping model: calls to stop",
         "how it stops",
@@ -305,7 +332,7 @@ def table(summary: dict[str, Any]) -> str:
     for framework in summary["frameworks"]:
         if framework["status"] != "ok":
             name, version = framework["name"], framework["version"] or "-"
-            rows.append((name, version, "-", "-", "-", framework["status"]))
+            rows.append((name, version, "-", "-", "-", "-", framework["status"]))
             continue
         calls = framework["looping_model_calls"]
         rows.append(
@@ -313,6 +340,7 @@ def table(summary: dict[str, Any]) -> str:
                 framework["name"],
                 framework["version"],
                 _number(framework["per_turn_overhead_us"]),
+                _number(framework["scripted_model_us_per_call"]),
                 _number(_kb(framework["memory_per_session_bytes"])),
                 _calls(calls, framework["looping_model_capped"]),
                 framework["looping_model_stopped_by"] or "-",
@@ -324,6 +352,7 @@ def table(summary: dict[str, Any]) -> str:
             "turnkeeper / best peer",
             "",
             _ratio(ratios["per_turn_overhead"]),
+            "",
             _ratio(ratios["memory_per_session"]),
             _ratio(ratios["looping_model_calls"]),
             "",
@@ -372,7 +401,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--concurrent", type=int, default=1000, help="parked sessions (1000)")
     parser.add_argument("--concurrent-round-trips", type=int, default=5, help="memory workload (5)")
     parser.add_argument(
-        "--memory-repetitions", type=int, default=2, help="memory processes per framework (2)"
+        "--memory-repetitions", type=int, default=1, help="memory processes per framework (1)"
     )
     parser.add_argument(
         "--loop-cap", type=int, default=10_000, help="looping model calls before giving up"
@@ -407,13 +436,15 @@ def main(argv: list[str] | None = None) -> None:
         outcome.version = adapter.version
         adapters[name] = adapter
     print(f"frameworks: {', '.join(f'{n} {a.version}' for n, a in adapters.items())}")
+    started = time.monotonic()
     asyncio.run(run_in_process(adapters, outcomes, args))
     run_memory(outcomes, args)
+    print(f"  measured in {time.monotonic() - started:.0f} s")
     summary = summarize(outcomes, args)
     print()
     print(table(summary))
     args.json.write_text(json.dumps(summary, indent=2) + "\n")
-    chart(summary, args.png)
+    chart(summary, args.png, (TARGET_OVERHEAD, TARGET_MEMORY))
     print(f"\nwrote {args.json} and {args.png}")
 
 

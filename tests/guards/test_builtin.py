@@ -687,34 +687,38 @@ def test_every_guard_gives_the_same_verdict_for_the_same_view(view: GuardView) -
 def test_repair_halts_with_an_apology_at_the_second_bad_reply_in_a_row() -> None:
     from turnkeeper.guards import repair
 
-    spec = AgentSpec(
-        tools=(
-            ToolSpec(
-                "add",
-                "",
-                {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
-            ),
-        )
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    spec = AgentSpec(tools=(ToolSpec("add", "", schema),))
+    start = open_session(spec)
+    start = msgspec.structs.replace(
+        start, history=(*start.history, {"role": "user", "content": "go"}), request="go"
     )
-    state = open_session(spec)
-    bad = Reply(
-        {"role": "assistant"}, None, (ToolUse("c1", "add", {"a": "x"}),), "tool_calls", Usage()
-    )
-    good = Reply(
-        {"role": "assistant"}, None, (ToolUse("c2", "add", {"a": "3"}),), "tool_calls", Usage()
-    )
-    assert repair(GuardView("after_response", state, 0.0, reply=bad)) is CONTINUE
-    after_one = msgspec.structs.replace(state, bad_replies=1)
-    verdict = repair(GuardView("after_response", after_one, 0.0, reply=bad))
+
+    def after(*calls: tuple[str, str]) -> Any:
+        message = {
+            "role": "assistant",
+            "tool_calls": [
+                {"id": i, "type": "function", "function": {"name": "add", "arguments": a}}
+                for i, a in calls
+            ],
+        }
+        return msgspec.structs.replace(start, history=(*start.history, message))
+
+    def reply(arguments: dict[str, Any], unreadable: bool = False) -> Reply:
+        uses = (ToolUse("c9", "add", arguments),) if not unreadable else ()
+        return Reply({"role": "assistant"}, None, uses, "tool_calls", Usage(), unreadable)
+
+    bad_then = after(("c1", '{"a": "x"}'))
+    good_then = after(("c1", '{"a": 1}'))
+    assert repair(GuardView("after_response", start, 0.0, reply=reply({"a": "x"}))) is CONTINUE
+    assert repair(GuardView("after_response", good_then, 0.0, reply=reply({"a": "x"}))) is CONTINUE
+    assert repair(GuardView("after_response", bad_then, 0.0, reply=reply({"a": "3"}))) is CONTINUE
+    verdict = repair(GuardView("after_response", bad_then, 0.0, reply=reply({"a": "x"})))
     assert verdict.halt is not None
     assert (verdict.halt.guard, verdict.halt.reason) == ("repair", "bad_tool_calls")
     assert verdict.halt.message.startswith("I'm sorry: I could not make a valid tool call")
     assert "$.a" in verdict.halt.message
-    assert repair(GuardView("after_response", after_one, 0.0, reply=good)) is CONTINUE
-    unreadable = Reply(
-        {"role": "assistant", "content": "{oops"}, "{oops", (), "stop", Usage(), unreadable=True
-    )
-    halted = repair(GuardView("after_response", after_one, 0.0, reply=unreadable))
-    assert halted.halt is not None
-    off = msgspec.structs.replace(after_one, guards=GuardConfig(repair=None))
-    assert repair(GuardView("after_response", off, 0.0, reply=bad)) is CONTINUE
+    unreadable = repair(GuardView("after_response", bad_then, 0.0, reply=reply({}, True)))
+    assert unreadable.halt is not None
+    off = msgspec.structs.replace(bad_then, guards=GuardConfig(repair=None))
+    assert repair(GuardView("after_response", off, 0.0, reply=reply({"a": "x"}))) is CONTINUE

@@ -5,14 +5,31 @@ from __future__ import annotations
 
 from typing import Any
 
-from turnkeeper._jsonschema import coerce, validate
+from turnkeeper._jsonschema import coerce, is_valid, validate
 from turnkeeper.events._types import AgentSpec, ToolUse
+
+_checked: dict[tuple[int, str, str], tuple[ToolUse, str | None]] = {}
 
 
 def call_problem(spec: AgentSpec, use: ToolUse) -> str | None:
     """Why `use` must not run (unreadable or invalid arguments, an unknown tool), as the tool
     error the model is sent, or None. Arguments are checked as the handler would get them,
-    after the safe coercions of `coerce` (so `"3"` for an integer is not refused)."""
+    after the safe coercions of `coerce` (so `"3"` for an integer is not refused).
+
+    A call is checked before it runs and again by the repair guard after the next reply,
+    so the last few thousand answers are remembered."""
+    key = (id(spec), use.id, use.name)
+    known = _checked.get(key)
+    if known is not None and known[0] == use:
+        return known[1]
+    problem = _call_problem(spec, use)
+    if len(_checked) >= 4096:
+        _checked.clear()
+    _checked[key] = (use, problem)
+    return problem
+
+
+def _call_problem(spec: AgentSpec, use: ToolUse) -> str | None:
     if use.error is not None:
         problem = f"{use.error}. Call {use.name} again with a JSON object as its arguments."
     elif not spec.tools:
@@ -20,6 +37,8 @@ def call_problem(spec: AgentSpec, use: ToolUse) -> str | None:
     elif (tool := spec.tool(use.name)) is None:
         known = ", ".join(t.name for t in spec.tools)
         problem = f"unknown tool {use.name!r}. The tools are: {known}."
+    elif is_valid(tool.input_schema, use.input):
+        return None
     else:
         errors = validate(tool.input_schema, coerce(tool.input_schema, use.input))
         if not errors:

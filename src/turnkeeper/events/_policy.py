@@ -25,9 +25,7 @@ class DuplicateCalls(msgspec.Struct, frozen=True):
 
 class Repair(msgspec.Struct, frozen=True):
     """A bad reply (an unknown tool, unreadable or invalid arguments) goes back to the model
-    as a tool error; `max_bad_replies` bad replies in a row end the run with an apology."""
-
-    max_bad_replies: int = 2
+    as a tool error, once: a second bad reply in a row ends the run with an apology."""
 
 
 class ConsecutiveErrors(msgspec.Struct, frozen=True):

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from turnkeeper.events._calls import is_unreadable, reply_problem
+from turnkeeper.events._calls import is_unreadable
 from turnkeeper.events._errors import InputError, ReplayError, SeqError
 from turnkeeper.events._events import (
     Cancelled,
@@ -81,7 +81,7 @@ class SessionState(msgspec.Struct, frozen=True):
     returned: tuple[ToolResult, ...] = ()
     halt_message: str | None = None
     request: str | None = None
-    bad_replies: int = 0
+    last_unreadable: bool = False
     stop_reason: str | None = None
     result: dict[str, Any] | None = None
 
@@ -221,7 +221,7 @@ def _apply_message(state: SessionState, event: Any, envelope: Envelope) -> Sessi
         returned=(),
         halt_message=None,
         request=event.text,
-        bad_replies=0,
+        last_unreadable=False,
         status="running",
         in_poll=True,
         polls=0,
@@ -358,7 +358,7 @@ def _apply_response(state: SessionState, event: Any, envelope: Envelope) -> Sess
         pending=uses,
         usage=state.usage + event.usage,
         episode_usage=state.episode_usage + event.usage,
-        bad_replies=state.bad_replies + 1 if _is_bad(state, uses, event.response) else 0,
+        last_unreadable=is_unreadable(event.response),
         status=status,
         in_poll=False,
         stop_reason=stop_reason,
@@ -414,14 +414,6 @@ def _apply_results(state: SessionState, event: Any, envelope: Envelope) -> Sessi
         in_poll=True,
         stop_reason=None,
     )
-
-
-def _is_bad(state: SessionState, uses: tuple[ToolUse, ...], response: dict[str, Any]) -> bool:
-    """Whether a reply counts toward the repair guard's limit (only when it is on)."""
-    unreadable = is_unreadable(response)
-    if state.guards.repair is None or (not uses and not unreadable):
-        return False
-    return reply_problem(state.spec, uses, unreadable) is not None
 
 
 def _can_run_again(state: SessionState, name: str) -> bool:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import msgspec
 
 from turnkeeper._jsonschema import coerce, validate
-from turnkeeper.events import SessionState
+from turnkeeper.events import Message, SessionState
 from turnkeeper.events._calls import reply_problem
-from turnkeeper.events._messages import call_key, gist, last_tool_result
+from turnkeeper.events._messages import call_key, gist, last_tool_result, tool_uses_of
 from turnkeeper.events._policy import FINAL_TURN_LEAD
 from turnkeeper.guards._view import CONTINUE, Directive, GuardView, Halt, SelfAnswer, Verdict
 
@@ -78,21 +78,34 @@ def duplicate_calls(view: GuardView) -> Verdict:
 
 
 def repair(view: GuardView) -> Verdict:
-    """End the run with an apology when `max_bad_replies` replies in a row were bad (an
-    unknown tool, unreadable or invalid arguments); a bad reply before that is answered
-    with tool errors by whoever runs the tools, and the model tries again."""
+    """End the run with an apology at the second bad reply in a row (an unknown tool, or
+    unreadable or invalid arguments); the first goes back to the model as tool errors from
+    whoever runs the tools. The previous reply is judged only when it might matter."""
     state = view.state
-    config = state.guards.repair
     reply = view.reply
-    if view.phase != "after_response" or reply is None or config is None:
+    if view.phase != "after_response" or reply is None or state.guards.repair is None:
         return CONTINUE
-    if state.bad_replies + 1 < config.max_bad_replies:
+    previous = _previous_reply(state)
+    if previous is None:
+        return CONTINUE
+    if reply_problem(state.spec, tool_uses_of(previous), state.last_unreadable) is None:
         return CONTINUE
     problem = reply_problem(state.spec, reply.calls, reply.unreadable)
     if problem is None:
         return CONTINUE
     lead = f"I'm sorry: I could not make a valid tool call ({gist(problem)})."
     return Verdict(halt=Halt("repair", "bad_tool_calls", with_last_result(state, lead)))
+
+
+def _previous_reply(state: SessionState) -> Message | None:
+    """The model's last reply in this episode, if it made one."""
+    for message in reversed(state.history):
+        role = message.get("role")
+        if role == "assistant":
+            return message
+        if role == "user" and message.get("content") == state.request:
+            return None
+    return None
 
 
 def consecutive_errors(view: GuardView) -> Verdict:

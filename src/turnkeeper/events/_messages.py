@@ -61,16 +61,19 @@ def decode_arguments(arguments: object) -> tuple[dict[str, Any], str | None]:
     return value, None
 
 
-_last_decoded: list[tuple[Message, tuple[ToolUse, ...]]] = []
+_decoded: dict[int, tuple[Message, tuple[ToolUse, ...]]] = {}
 
 
 def tool_uses_of(message: Message) -> tuple[ToolUse, ...]:
     """The tool calls of a well-formed assistant message, arguments decoded."""
-    # A poll decodes the same (never mutated) message twice; remember the last one.
-    if _last_decoded and _last_decoded[0][0] is message:
-        return _last_decoded[0][1]
+    # A poll decodes the same (never mutated) messages several times: remember a few.
+    known = _decoded.get(id(message))
+    if known is not None and known[0] is message:
+        return known[1]
     uses = _decode_calls(message)
-    _last_decoded[:] = [(message, uses)]
+    if len(_decoded) >= 8:
+        _decoded.pop(next(iter(_decoded)))
+    _decoded[id(message)] = (message, uses)
     return uses
 
 

@@ -20,6 +20,7 @@ import msgspec
 
 from turnkeeper.events import ChatError, InputError, TurnkeeperError
 from turnkeeper.providers._inline import InlineTools
+from turnkeeper.providers._shaping import approx_tokens, with_prompt_fitting, with_tool_ranking
 
 if TYPE_CHECKING:
     from llama_cpp import Llama
@@ -135,7 +136,15 @@ class EmbeddedChat:
         self._key = _Key(str(Path(path).resolve()), window, n_threads, chat_format)
         self._seed = seed
         self._max_tokens = max_tokens
-        self._with_tools = InlineTools(self.complete, grammar=True)
+        # What a small model is sent: the best-matching tools, fitted to its window.
+        self._with_tools = with_tool_ranking(
+            with_prompt_fitting(
+                InlineTools(self.complete, grammar=True),
+                context_window=window,
+                count_tokens=approx_tokens,
+                reply_tokens=max_tokens,
+            )
+        )
 
     @property
     def model_path(self) -> str:
@@ -148,7 +157,9 @@ class EmbeddedChat:
         return self._key.n_ctx
 
     async def __call__(self, request: dict[str, Any]) -> dict[str, Any]:
-        """Answer `request`, tools included (see `InlineTools`)."""
+        """Answer `request`, tools included (see `InlineTools`): at most 8 tools, ranked
+        against the request, and a prompt fitted to the context window (fewer tools, then
+        older turns dropped; a permanent ChatError when nothing fits)."""
         return await self._with_tools(request)
 
     async def complete(self, request: dict[str, Any]) -> dict[str, Any]:

@@ -208,7 +208,9 @@ def machine() -> dict[str, Any]:
     }
 
 
-def summarize(outcomes: dict[str, Outcome], args: argparse.Namespace) -> dict[str, Any]:
+def summarize(
+    outcomes: dict[str, Outcome], args: argparse.Namespace, host: dict[str, Any]
+) -> dict[str, Any]:
     """The results as JSON-ready data: per framework, and turnkeeper against the best peer."""
     frameworks = []
     for outcome in outcomes.values():
@@ -231,7 +233,7 @@ def summarize(outcomes: dict[str, Outcome], args: argparse.Namespace) -> dict[st
         )
     return {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": machine(),
+        "machine": host,
         "turnkeeper_commit": _commit(),
         "settings": {
             "round_trips": args.round_trips,
@@ -436,11 +438,12 @@ def main(argv: list[str] | None = None) -> None:
         outcome.version = adapter.version
         adapters[name] = adapter
     print(f"frameworks: {', '.join(f'{n} {a.version}' for n, a in adapters.items())}")
+    host = machine()
     started = time.monotonic()
     asyncio.run(run_in_process(adapters, outcomes, args))
     run_memory(outcomes, args)
     print(f"  measured in {time.monotonic() - started:.0f} s")
-    summary = summarize(outcomes, args)
+    summary = summarize(outcomes, args, host)
     print()
     print(table(summary))
     args.json.write_text(json.dumps(summary, indent=2) + "\n")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import time
 from collections.abc import Callable, Sequence
@@ -110,7 +111,7 @@ class _Runner:
         timeout: float | None,
     ) -> tuple[ToolResult, ...]:
         results: dict[str, ToolResult] = {}
-        limiter = anyio.CapacityLimiter(concurrency)
+        limiter = anyio.CapacityLimiter(concurrency) if len(uses) > concurrency else None
 
         async def one(use: ToolUse) -> None:
             refusal = check_call(spec, use) if mcp_tools is None else mcp_tools.refusal(use)
@@ -118,7 +119,7 @@ class _Runner:
                 results[use.id] = ToolResult(use.id, refusal, is_error=True)
                 return
             use = coerce_call(spec, use)
-            async with limiter:
+            async with limiter if limiter is not None else contextlib.nullcontext():
                 await self.emit(ToolCalled(tool_call_id=use.id, name=use.name, input=use.input))
                 ctx = ToolContext(self.state.session_id, use.id, use.name)
                 with tool_span(use, spec.tool(use.name)) as span:
@@ -136,9 +137,13 @@ class _Runner:
                 )
             results[use.id] = result
 
-        async with anyio.create_task_group() as group:
-            for use in uses:
-                group.start_soon(one, use)
+        if len(uses) == 1:
+            # The common case needs no task group (two event-loop cycles per round trip).
+            await one(uses[0])
+        else:
+            async with anyio.create_task_group() as group:
+                for use in uses:
+                    group.start_soon(one, use)
         return tuple(results[use.id] for use in uses)
 
 

@@ -82,6 +82,11 @@ def as_text(value: Any) -> str:
     return _json.encode(value).decode()
 
 
+async def _call(handler: ToolHandler, use: ToolUse, ctx: ToolContext) -> Any:
+    value = handler(use.name, use.input, ctx)
+    return await value if inspect.isawaitable(value) else value
+
+
 async def run_tool(
     handler: ToolHandler,
     use: ToolUse,
@@ -93,14 +98,17 @@ async def run_tool(
     is not text or JSON gives an error result carrying why, never an exception."""
     value: Any = None
     try:
-        with anyio.move_on_after(timeout) as scope:
-            value = handler(use.name, use.input, ctx)
-            if inspect.isawaitable(value):
-                value = await value
+        if timeout is None:
+            value = await _call(handler, use, ctx)
+        else:
+            with anyio.move_on_after(timeout) as scope:
+                value = await _call(handler, use, ctx)
+            if scope.cancelled_caught:
+                return ToolResult(
+                    use.id, f"{use.name} timed out after {timeout:g} s", is_error=True
+                )
     except Exception as exc:
         return ToolResult(use.id, f"{type(exc).__name__}: {exc}", is_error=True)
-    if scope.cancelled_caught:
-        return ToolResult(use.id, f"{use.name} timed out after {timeout:g} s", is_error=True)
     try:
         return ToolResult(use.id, as_text(value))
     # Any value a handler returns may fail to encode: a foreign type, a lone surrogate, a cycle.

@@ -174,7 +174,7 @@ async def test_a_cancelled_call_leaves_the_model_usable(chat: EmbeddedChat) -> N
 @pytest.mark.anyio
 async def test_a_request_beyond_the_context_window_is_a_permanent_error() -> None:
     small = EmbeddedChat(n_ctx=100, max_tokens=8)
-    with pytest.raises(ChatError, match="context window|prompt too long") as caught:
+    with pytest.raises(ChatError, match=r"context window|prompt too long") as caught:
         await small(ask(user("word " * 300)))
     assert caught.value.transient is False
 

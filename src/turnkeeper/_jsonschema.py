@@ -153,9 +153,6 @@ def coerce(schema: Mapping[str, Any], arguments: dict[str, Any]) -> dict[str, An
     return coerced if isinstance(coerced, dict) else arguments
 
 
-_by_identity: dict[int, tuple[Mapping[str, Any], _Checker | str]] = {}
-
-
 def is_valid(schema: Mapping[str, Any], instance: object) -> bool:
     """Whether `instance` matches `schema` (a schema that cannot be used matches nothing)."""
     checker = _checker(schema)
@@ -168,21 +165,7 @@ def is_valid(schema: Mapping[str, Any], instance: object) -> bool:
 
 
 def _checker(schema: Mapping[str, Any]) -> _Checker | str:
-    """The compiled schema, or the message that says why it cannot be used.
-
-    A tool's schema is checked on every call, so the one last seen as this very object
-    is reused without serializing it again (it is kept alive, so its id stays its own)."""
-    known = _by_identity.get(id(schema))
-    if known is not None and known[0] is schema:
-        return known[1]
-    checker = _text_checker(schema)
-    if len(_by_identity) >= 512:
-        _by_identity.clear()
-    _by_identity[id(schema)] = (schema, checker)
-    return checker
-
-
-def _text_checker(schema: Mapping[str, Any]) -> _Checker | str:
+    """The compiled schema, or the message that says why it cannot be used."""
     try:
         # The text is the cache key, and compiling from it gives the validator its own copy.
         text = json.dumps(schema, ensure_ascii=False, allow_nan=True)

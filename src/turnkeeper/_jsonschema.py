@@ -32,6 +32,8 @@ from jsonschema.protocols import Validator
 from jsonschema.validators import extend
 from referencing.exceptions import Unresolvable
 
+from turnkeeper._simple_schema import Check, compile_simple
+
 if TYPE_CHECKING:
     # `referencing` exports no public name for the resolver type its registries return.
     from referencing._core import Resolver
@@ -79,6 +81,8 @@ _DIALECTS: dict[str, type[Validator]] = {
         Draft202012Validator,
     )
 }
+# Draft 4 alone does not count 1.0 as an integer, so its schemas get no simple check.
+_DRAFT4_TYPES = Draft4Validator.TYPE_CHECKER
 _UNDECLARED = (
     _DIALECTS[Draft202012Validator.META_SCHEMA["$id"].rstrip("#")],
     _DIALECTS[Draft7Validator.META_SCHEMA["$id"].rstrip("#")],
@@ -90,11 +94,18 @@ _NUMBER = re.compile(r"-?(?:0|[1-9][0-9]{0,300})(?:\.[0-9]{1,300})?(?:[eE][+-]?[
 
 
 class _Checker:
-    """A compiled schema: its validator, and a resolver for following its `$ref`s."""
+    """A compiled schema: its validator, a resolver for following its `$ref`s, and a fast
+    exact check when the schema is simple enough for one."""
 
-    def __init__(self, validator: Validator, resolver: Resolver[Any]) -> None:
+    def __init__(self, validator: Validator, resolver: Resolver[Any], simple: Check | None) -> None:
         self.validator = validator
         self.resolver = resolver
+        self.simple = simple
+
+    def is_valid(self, instance: object) -> bool:
+        if self.simple is not None:
+            return self.simple(instance)
+        return bool(self.validator.is_valid(cast(Any, instance)))
 
 
 def validate(schema: Mapping[str, Any], instance: object) -> list[str]:
@@ -108,6 +119,8 @@ def validate(schema: Mapping[str, Any], instance: object) -> list[str]:
     checker = _checker(schema)
     if isinstance(checker, str):
         return [checker]
+    if checker.simple is not None and checker.simple(instance):
+        return []
     messages: dict[str, None] = {}
     try:
         for error in checker.validator.iter_errors(cast(Any, instance)):
@@ -144,9 +157,11 @@ def coerce(schema: Mapping[str, Any], arguments: dict[str, Any]) -> dict[str, An
     checker = _checker(schema)
     if isinstance(checker, str) or not isinstance(arguments, dict):
         return arguments
+    if checker.simple is not None and checker.simple(arguments):
+        return arguments
     try:
         coerced = _coerce(schema, arguments, checker.resolver, 0)
-        if coerced is arguments or checker.validator.is_valid(arguments):
+        if coerced is arguments or checker.is_valid(arguments):
             return arguments
     except (Unresolvable, RecursionError, OverflowError, ValueError):
         return arguments
@@ -159,19 +174,31 @@ def is_valid(schema: Mapping[str, Any], instance: object) -> bool:
     if isinstance(checker, str):
         return False
     try:
-        return bool(checker.validator.is_valid(cast(Any, instance)))
+        return checker.is_valid(instance)
     except (Unresolvable, RecursionError, OverflowError, ValueError):
         return False
 
 
+_recent: dict[int, tuple[Mapping[str, Any], object, _Checker | str]] = {}
+
+
 def _checker(schema: Mapping[str, Any]) -> _Checker | str:
     """The compiled schema, or the message that says why it cannot be used."""
+    # Fast path: the same schema object as a recent call, still equal to the copy compiled
+    # then (so a schema changed in place is compiled again).
+    recent = _recent.get(id(schema))
+    if recent is not None and recent[0] is schema and recent[1] == schema:
+        return recent[2]
     try:
         # The text is the cache key, and compiling from it gives the validator its own copy.
         text = json.dumps(schema, ensure_ascii=False, allow_nan=True)
     except (TypeError, ValueError, RecursionError):
         return "$: the tool's input schema is not JSON, so its arguments cannot be checked"
-    return _compile(text)
+    checker = _compile(text)
+    if len(_recent) >= 512:
+        _recent.clear()
+    _recent[id(schema)] = (schema, json.loads(text), checker)
+    return checker
 
 
 @lru_cache(maxsize=512)
@@ -195,7 +222,8 @@ def _compile(text: str) -> _Checker | str:
             dialect = str(cls.META_SCHEMA.get("$id", cls.META_SCHEMA.get("id")))
             spec = referencing.jsonschema.specification_with(dialect)
             resolver = _OFFLINE.resolver_with_root(spec.create_resource(schema))
-            return _Checker(cls(schema, registry=_OFFLINE), resolver)
+            simple = None if cls.TYPE_CHECKER is _DRAFT4_TYPES else compile_simple(schema)
+            return _Checker(cls(schema, registry=_OFFLINE), resolver, simple)
         problem = problem or f"at {_path(error.absolute_path)}: {_cut(error.message, 160)}"
     return _invalid(problem)
 

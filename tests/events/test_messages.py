@@ -18,6 +18,7 @@ from turnkeeper.events._messages import (
     duplicate_content,
     error_content,
     gist,
+    key_arguments,
     last_tool_result,
     text_of,
     tool_message,
@@ -111,7 +112,8 @@ def test_equal_dicts_give_equal_canonical_args(arguments: dict[str, Any]) -> Non
 
 def test_different_arguments_give_different_canonical_args() -> None:
     assert canonical_args({"q": 1}) != canonical_args({"q": "1"})
-    assert call_key("search", {"q": 1}) == ("search", '{"q":1}')
+    assert call_key("search", {"q": 1}) == 'search\x1f{"q":1}'
+    assert key_arguments(call_key("a\x1fb", {"q": "\x1f"})) == '{"q":"\\u001f"}'
     assert call_key("search", {"q": 1}) != call_key("fetch", {"q": 1})
 
 

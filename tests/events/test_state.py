@@ -137,7 +137,7 @@ def test_tool_calls_become_pending_and_are_seen() -> None:
     assert state.status == "requires_action"
     assert state.stop_reason == "tool_use"
     assert state.polls == 1
-    assert state.seen == {("search", '{"n":1,"q":"x"}'), ("fetch", "{}")}
+    assert state.seen == {'search\x1f{"n":1,"q":"x"}', "fetch\x1f{}"}
     assert state.history[-1] is event.message
     assert state.usage == state.episode_usage == Usage(3, 1)
 

@@ -23,7 +23,7 @@ from turnkeeper.events import (
     ToolUse,
     Usage,
 )
-from turnkeeper.events._messages import call_key, duplicate_content, gist
+from turnkeeper.events._messages import call_key, duplicate_content, gist, tool_uses_of
 from turnkeeper.guards import (
     CONTINUE,
     Budget,
@@ -702,7 +702,9 @@ def test_repair_halts_with_an_apology_at_the_second_bad_reply_in_a_row() -> None
                 for i, a in calls
             ],
         }
-        return msgspec.structs.replace(start, history=(*start.history, message))
+        return msgspec.structs.replace(
+            start, history=(*start.history, message), reply_calls=tool_uses_of(message)
+        )
 
     def reply(arguments: dict[str, Any], unreadable: bool = False) -> Reply:
         uses = (ToolUse("c9", "add", arguments),) if not unreadable else ()

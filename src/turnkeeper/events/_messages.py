@@ -111,9 +111,16 @@ def duplicate_content(message: str) -> str:
     return _compact.encode({"duplicate": True, "message": message}).decode()
 
 
-def call_key(name: str, arguments: dict[str, Any]) -> tuple[str, str]:
-    """The identity of a call within an episode: (tool name, canonical arguments)."""
-    return (name, canonical_args(arguments))
+def call_key(name: str, arguments: dict[str, Any]) -> str:
+    """The identity of a call within an episode: its tool name and canonical arguments, split
+    at the last \x1f (canonical JSON never holds a raw control character). A string, whose
+    hash Python keeps, so sets of keys are cheap to grow."""
+    return f"{name}\x1f{canonical_args(arguments)}"
+
+
+def key_arguments(key: str) -> str:
+    """The canonical arguments of a call key."""
+    return key.rpartition("\x1f")[2]
 
 
 def gist(text: str, limit: int = 300) -> str:

@@ -33,6 +33,7 @@ from turnkeeper.events._messages import (
     digest,
     duplicate_content,
     error_content,
+    key_arguments,
     text_of,
     tool_message,
     tool_uses_of,
@@ -51,7 +52,8 @@ class SessionState(msgspec.Struct, frozen=True):
     """Everything a session is, immutable. Advanced only by applying events.
 
     `in_poll` is true between a poll's input and the model's answer: a session rebuilt
-    in that window (after a crash) makes that model call again.
+    in that window (after a crash) makes that model call again. `reply_calls` and
+    `last_unreadable` describe the model's last reply in the episode (for the repair guard).
     """
 
     session_id: str
@@ -64,7 +66,7 @@ class SessionState(msgspec.Struct, frozen=True):
     status: Status = "idle"
     in_poll: bool = False
     polls: int = 0
-    seen: frozenset[tuple[str, str]] = frozenset()
+    seen: frozenset[str] = frozenset()
     error_counts: dict[str, int] = {}
     pending: tuple[ToolUse, ...] = ()
     usage: Usage = Usage()
@@ -82,6 +84,7 @@ class SessionState(msgspec.Struct, frozen=True):
     halt_message: str | None = None
     request: str | None = None
     last_unreadable: bool = False
+    reply_calls: tuple[ToolUse, ...] = ()
     stop_reason: str | None = None
     result: dict[str, Any] | None = None
 
@@ -99,6 +102,7 @@ def initial_state(session_id: str, opened: SessionOpened) -> SessionState:
     history = opened.history
     pending, status = _pending_of(history)
     return SessionState(
+        reply_calls=_last_reply_calls(history),
         session_id=session_id,
         spec=opened.spec,
         history=history,
@@ -132,6 +136,17 @@ def _pending_of(history: tuple[Message, ...]) -> tuple[tuple[ToolUse, ...], Stat
         break
     last_role = history[-1].get("role")
     return (), "running" if last_role in ("user", "tool") else "idle"
+
+
+def _last_reply_calls(history: tuple[Message, ...]) -> tuple[ToolUse, ...]:
+    """The tool calls of the last assistant message in a reattached history."""
+    for message in reversed(history):
+        if message.get("role") == "assistant":
+            try:
+                return tool_uses_of(message)
+            except (KeyError, TypeError, AttributeError) as exc:
+                raise InputError(f"history: malformed assistant tool_calls ({exc!r})") from None
+    return ()
 
 
 def _answer(result: ToolResult) -> Message:
@@ -222,6 +237,7 @@ def _apply_message(state: SessionState, event: Any, envelope: Envelope) -> Sessi
         halt_message=None,
         request=event.text,
         last_unreadable=False,
+        reply_calls=(),
         status="running",
         in_poll=True,
         polls=0,
@@ -247,6 +263,7 @@ def _apply_replaced(state: SessionState, event: Any, envelope: Envelope) -> Sess
         state,
         seq=envelope.seq,
         history=(*state.history, {"role": "assistant", "content": event.text}),
+        reply_calls=(),
     )
 
 
@@ -359,6 +376,7 @@ def _apply_response(state: SessionState, event: Any, envelope: Envelope) -> Sess
         usage=state.usage + event.usage,
         episode_usage=state.episode_usage + event.usage,
         last_unreadable=is_unreadable(event.response),
+        reply_calls=uses,
         status=status,
         in_poll=False,
         stop_reason=stop_reason,
@@ -392,13 +410,12 @@ def _apply_results(state: SessionState, event: Any, envelope: Envelope) -> Sessi
             continue
         if answers is state.answers:
             answers = dict(answers)
-        name, arguments = call_key(use.name, use.input)
-        key = f"{name}\x1f{arguments}"
-        mark = digest(content)
-        if answers.get(key) == mark:
+        key = call_key(use.name, use.input)
+        # The content itself (shared with the history) rather than a digest: no hashing.
+        if answers.get(key) == content:
             repeats += 1
-            last_repeat = f"{name}({arguments})"
-        answers[key] = mark
+            last_repeat = f"{use.name}({key_arguments(key)})"
+        answers[key] = content
     return msgspec.structs.replace(
         state,
         seq=seq,

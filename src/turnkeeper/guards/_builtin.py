@@ -6,11 +6,24 @@ from __future__ import annotations
 import msgspec
 
 from turnkeeper._jsonschema import coerce, validate
-from turnkeeper.events import Message, SessionState
+from turnkeeper.events import SessionState
 from turnkeeper.events._calls import reply_problem
-from turnkeeper.events._messages import call_key, gist, last_tool_result, tool_uses_of
+from turnkeeper.events._messages import (
+    call_key,
+    gist,
+    key_arguments,
+    last_tool_result,
+)
 from turnkeeper.events._policy import FINAL_TURN_LEAD
-from turnkeeper.guards._view import CONTINUE, Directive, GuardView, Halt, SelfAnswer, Verdict
+from turnkeeper.guards._view import (
+    CONTINUE,
+    Directive,
+    GuardView,
+    Halt,
+    SelfAnswer,
+    Verdict,
+    acts_in,
+)
 
 
 def with_last_result(state: SessionState, lead: str) -> str:
@@ -20,6 +33,7 @@ def with_last_result(state: SessionState, lead: str) -> str:
     return f"{gist(last)}\n\n{lead}" if last else lead
 
 
+@acts_in("before_call")
 def max_turns(view: GuardView) -> Verdict:
     """Halt before a model call the episode's `max_turns` does not allow."""
     state = view.state
@@ -31,6 +45,7 @@ def max_turns(view: GuardView) -> Verdict:
     return Verdict(halt=Halt("max_turns", "max_turns_exceeded", with_last_result(state, lead)))
 
 
+@acts_in("before_call")
 def final_turn(view: GuardView) -> Verdict:
     """On the last poll `max_turns` allows, tell the model to finish now."""
     state = view.state
@@ -52,13 +67,15 @@ def final_turn(view: GuardView) -> Verdict:
     return Verdict(directives=(Directive("final_turn", text),))
 
 
+@acts_in("after_response")
 def duplicate_calls(view: GuardView) -> Verdict:
     """Self-answer a call repeating (name, args) from earlier in the episode or this reply."""
     state = view.state
     reply = view.reply
     if view.phase != "after_response" or reply is None or state.guards.duplicates is None:
         return CONTINUE
-    seen = set(state.seen)
+    seen = state.seen
+    this_reply: set[str] = set()
     answers: list[SelfAnswer] = []
     for call in reply.calls:
         if call.error is not None:
@@ -67,16 +84,17 @@ def duplicate_calls(view: GuardView) -> Verdict:
         if tool is not None and tool.repeatable:
             continue
         key = call_key(call.name, call.input)
-        if key in seen:
+        if key in seen or key in this_reply:
             message = (
                 f"You already called {call.name} with these arguments in this request; "
                 "its answer is above. Use that answer, or call a tool with different arguments."
             )
-            answers.append(SelfAnswer(call.id, call.name, key[1], message))
-        seen.add(key)
+            answers.append(SelfAnswer(call.id, call.name, key_arguments(key), message))
+        this_reply.add(key)
     return Verdict(self_answers=tuple(answers)) if answers else CONTINUE
 
 
+@acts_in("after_response")
 def repair(view: GuardView) -> Verdict:
     """End the run with an apology at the second bad reply in a row (an unknown tool, or
     unreadable or invalid arguments); the first goes back to the model as tool errors from
@@ -85,27 +103,13 @@ def repair(view: GuardView) -> Verdict:
     reply = view.reply
     if view.phase != "after_response" or reply is None or state.guards.repair is None:
         return CONTINUE
-    previous = _previous_reply(state)
-    if previous is None:
-        return CONTINUE
-    if reply_problem(state.spec, tool_uses_of(previous), state.last_unreadable) is None:
+    if reply_problem(state.spec, state.reply_calls, state.last_unreadable) is None:
         return CONTINUE
     problem = reply_problem(state.spec, reply.calls, reply.unreadable)
     if problem is None:
         return CONTINUE
     lead = f"I'm sorry: I could not make a valid tool call ({gist(problem)})."
     return Verdict(halt=Halt("repair", "bad_tool_calls", with_last_result(state, lead)))
-
-
-def _previous_reply(state: SessionState) -> Message | None:
-    """The model's last reply in this episode, if it made one."""
-    for message in reversed(state.history):
-        role = message.get("role")
-        if role == "assistant":
-            return message
-        if role == "user" and message.get("content") == state.request:
-            return None
-    return None
 
 
 def consecutive_errors(view: GuardView) -> Verdict:
@@ -130,6 +134,7 @@ def consecutive_errors(view: GuardView) -> Verdict:
     return Verdict(directives=tuple(directives)) if directives else CONTINUE
 
 
+@acts_in("before_call")
 def loop_detection(view: GuardView) -> Verdict:
     """Flag a new repeat (same call and same answer, or the same reply text) to the model
     `warnings` times; halt at the next repeat after that."""
@@ -150,6 +155,7 @@ def loop_detection(view: GuardView) -> Verdict:
     return Verdict(halt=Halt("loop", "going_in_circles", with_last_result(state, lead)))
 
 
+@acts_in("after_response")
 def terminal_tool(view: GuardView) -> Verdict:
     """Finish on a valid call of the terminal tool; with `required`, re-prompt an answer that
     skipped it `max_reprompts` times, then halt."""
@@ -182,6 +188,7 @@ def terminal_tool(view: GuardView) -> Verdict:
     return Verdict(halt=Halt("terminal", "no_terminal_tool", message))
 
 
+@acts_in("before_call")
 def budget(view: GuardView) -> Verdict:
     """Halt before a model call once the episode has used its token or time budget."""
     state = view.state

@@ -2,18 +2,29 @@
 
 from __future__ import annotations
 
-from turnkeeper.guards._view import CONTINUE, Directive, Guard, GuardView, SelfAnswer, Verdict
+from turnkeeper.guards._view import (
+    CONTINUE,
+    PHASES,
+    Directive,
+    Guard,
+    GuardView,
+    SelfAnswer,
+    Verdict,
+    phases_of,
+)
 
 
 def compose(*guards: Guard) -> Guard:
     """One guard running `guards` in order: directives and self-answers add up, and the
-    first halt (or terminal-tool finish) wins and stops the rest."""
+    first halt (or terminal-tool finish) wins and stops the rest. A guard marked with
+    `acts_in` runs only in its phase."""
+    by_phase = {phase: [g for g in guards if phase in phases_of(g)] for phase in PHASES}
 
     def composed(view: GuardView) -> Verdict:
         directives: list[Directive] = []
         answers: list[SelfAnswer] = []
         replacement: Directive | None = None
-        for guard in guards:
+        for guard in by_phase.get(view.phase, guards):
             verdict = guard(view)
             if verdict is CONTINUE:
                 continue
@@ -33,4 +44,5 @@ def compose(*guards: Guard) -> Guard:
     composed.__name__ = (
         "compose(" + ", ".join(getattr(g, "__name__", "guard") for g in guards) + ")"
     )
+    composed.phases = frozenset(phase for phase in PHASES if by_phase[phase])  # type: ignore[attr-defined]
     return composed

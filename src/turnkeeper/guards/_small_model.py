@@ -15,7 +15,7 @@ import msgspec
 
 from turnkeeper.events import Message, SessionState
 from turnkeeper.events._messages import gist, text_of
-from turnkeeper.guards._view import CONTINUE, Directive, GuardView, Verdict
+from turnkeeper.guards._view import CONTINUE, Directive, GuardView, Verdict, acts_in
 
 NEXT_STEP = "Continue with the next step for my request."
 CORRECTION = "Correction: "
@@ -28,6 +28,7 @@ _ACKNOWLEDGES = re.compile(
 _PUSHES = r"\b(use|call|run|try|click|press|tap|invoke|open)\b[^.!?\n]{0,40}?"
 
 
+@acts_in("before_call")
 def resume_next_step(view: GuardView) -> Verdict:
     """A reattached transcript that ends on a tool result resumes with a "next step" turn."""
     state = view.state
@@ -40,6 +41,7 @@ def resume_next_step(view: GuardView) -> Verdict:
     return Verdict(directives=(Directive("small_model", NEXT_STEP),))
 
 
+@acts_in("before_call")
 def restate_request(view: GuardView) -> Verdict:
     """After a tool step, restate the request so a small model continues it."""
     state = view.state
@@ -54,6 +56,7 @@ def restate_request(view: GuardView) -> Verdict:
     return Verdict(directives=(Directive("small_model", text),))
 
 
+@acts_in("after_response")
 def correct_reply(view: GuardView) -> Verdict:
     """Once per step, send back a plain reply that ignores the last failed call, or that
     tells the user to use a tool the model has itself."""

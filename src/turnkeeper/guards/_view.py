@@ -78,3 +78,21 @@ CONTINUE = Verdict()
 
 Guard = Callable[[GuardView], Verdict]
 """A pure function from a view to a verdict."""
+
+PHASES: frozenset[Phase] = frozenset(("before_call", "after_response"))
+
+
+def acts_in(phase: Phase) -> Callable[[Guard], Guard]:
+    """Mark a guard as answering CONTINUE in every other phase, so `compose` skips it there."""
+
+    def mark(guard: Guard) -> Guard:
+        guard.phases = frozenset((phase,))  # type: ignore[attr-defined]
+        return guard
+
+    return mark
+
+
+def phases_of(guard: Guard) -> frozenset[Phase]:
+    """The phases a guard acts in (every phase unless it was marked with `acts_in`)."""
+    phases: frozenset[Phase] = getattr(guard, "phases", PHASES)
+    return phases

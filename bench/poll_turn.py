@@ -3,8 +3,8 @@
     python bench/poll_turn.py
 
 Prints the median and p90 microseconds per poll at 10 and 200 messages of history (each
-poll answers a tool call no poll has seen before and gets a new one back; the garbage
-collector is paused while timing, as timeit does),
+timed poll answers the new tool call an untimed poll just got, as in a live session, and
+gets a new one back; the garbage collector is paused while timing, as timeit does),
 and the bytes a fresh SessionState holds (tracemalloc, averaged over many sessions
 sharing one spec).
 """
@@ -90,31 +90,28 @@ async def session_with_history(messages: int) -> SessionState:
 async def time_polls(messages: int, polls: int = 2000) -> list[float]:
     """Microseconds for each of `polls` polls at about `messages` messages of history.
 
-    Each timed poll answers a tool call no earlier poll has seen and gets a new one back,
-    so its argument check, decoding and guards all work on new data, as in a live session.
+    Each timed poll follows an untimed one that got a new tool call from the model, as in
+    a live session, and answers it: its argument check, decoding and guards all work on
+    data no earlier poll has seen (ids and arguments are unique to the run, too).
     """
     base = await session_with_history(messages - 2)
     use = base.pending[0]
     resume = Resume(base.pending, (ToolResult(use.id, "the result"),))
-    starts: list[SessionState] = []
-    for index in range(polls):
-        response = tool_call_response(100_000 + index)
-
-        async def fresh(request: dict[str, Any], response: dict[str, Any] = response) -> Any:
-            return response
-
-        _, state = await poll_turn(base, resume, fresh)
-        starts.append(state)
     samples: list[float] = []
     # As timeit does, with the garbage collector paused while timing.
     gc.disable()
     try:
-        for index, state in enumerate(starts):
-            response = tool_call_response(200_000 + index)
+        for index in range(polls):
+            first = tool_call_response(messages * 1_000_000 + index)
+            second = tool_call_response(messages * 1_000_000 + 500_000 + index)
 
-            async def chat(request: dict[str, Any], response: dict[str, Any] = response) -> Any:
-                return response
+            async def calls(request: dict[str, Any], first: Any = first) -> Any:
+                return first
 
+            async def chat(request: dict[str, Any], second: Any = second) -> Any:
+                return second
+
+            _, state = await poll_turn(base, resume, calls)
             pending = state.pending[0]
             answer = Resume(state.pending, (ToolResult(pending.id, f"result {index}"),))
             start = time.perf_counter_ns()

@@ -387,12 +387,13 @@ def _apply_results(state: SessionState, event: Any, envelope: Envelope) -> Sessi
     seq = envelope.seq
     by_id = {use.id: use for use in state.pending}
     answered = [result.tool_use_id for result in event.results]
-    if sorted(answered) != sorted(by_id):
+    if len(answered) != len(by_id) or set(answered) != by_id.keys():
         raise ReplayError(
             f"session {state.session_id}: seq {seq} answers tool calls {answered}, "
             f"but {sorted(by_id)} were pending"
         )
-    error_counts = dict(state.error_counts) if state.error_counts else {}
+    # Copied on first change: states share what they do not change.
+    error_counts = state.error_counts
     answers = state.answers
     repeats = state.repeats
     last_repeat = state.last_repeat
@@ -402,10 +403,13 @@ def _apply_results(state: SessionState, event: Any, envelope: Envelope) -> Sessi
         message = _answer(result)
         content = message["content"]
         messages.append(message)
-        if result.is_error:
-            error_counts[use.name] = error_counts.get(use.name, 0) + 1
-        elif error_counts:
-            error_counts.pop(use.name, None)
+        if result.is_error or use.name in error_counts:
+            if error_counts is state.error_counts:
+                error_counts = dict(error_counts)
+            if result.is_error:
+                error_counts[use.name] = error_counts.get(use.name, 0) + 1
+            else:
+                del error_counts[use.name]
         if not _can_run_again(state, use.name):
             continue
         if answers is state.answers:
@@ -419,7 +423,8 @@ def _apply_results(state: SessionState, event: Any, envelope: Envelope) -> Sessi
     return msgspec.structs.replace(
         state,
         seq=seq,
-        history=state.history + tuple(messages) + state.deferred,
+        history=state.history
+        + (tuple(messages) + state.deferred if state.deferred else tuple(messages)),
         deferred=(),
         returned=(),
         pending=(),

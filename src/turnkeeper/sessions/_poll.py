@@ -111,15 +111,30 @@ def begin_poll(
 
 def _match_results(state: SessionState, resume: Resume) -> tuple[tuple[ToolUse, ToolResult], ...]:
     """Pair each pending tool use with its result, in call order; reject anything else."""
-    if resume.tool_uses:
+    pending = state.pending
+    if resume.tool_uses and resume.tool_uses is not pending:
         given = [getattr(use, "id", use) for use in resume.tool_uses]
-        if sorted(map(str, given)) != sorted(use.id for use in state.pending):
+        if sorted(map(str, given)) != sorted(use.id for use in pending):
             raise InputError(
                 f"Resume.tool_uses: {given} are not the pending tool calls "
-                f"{[use.id for use in state.pending]}"
+                f"{[use.id for use in pending]}"
             )
-    by_id = check_results(state.session_id, [use.id for use in state.pending], resume.results)
-    return tuple((use, by_id[use.id]) for use in state.pending)
+    results = resume.results
+    if isinstance(results, tuple | list) and len(results) == len(pending):
+        # The usual case, checked cheaply: one result per pending call, in call order.
+        pairs = []
+        for use, result in zip(pending, results, strict=True):
+            if (
+                type(result) is not ToolResult
+                or type(result.text) is not str
+                or result.tool_use_id != use.id
+            ):
+                break
+            pairs.append((use, result))
+        else:
+            return tuple(pairs)
+    by_id = check_results(state.session_id, [use.id for use in pending], results)
+    return tuple((use, by_id[use.id]) for use in pending)
 
 
 def check_results(
@@ -263,21 +278,34 @@ def check_response(response: object, *, call_prefix: str) -> tuple[Message, str 
     if content is not None and not isinstance(content, str | list):
         raise _malformed(f"choices[0].message.content is {type(content).__name__}")
     calls = message.get("tool_calls")
-    if calls is not None and not isinstance(calls, list):
-        raise _malformed("choices[0].message.tool_calls is not a list")
-    fixed_calls: list[Any] = []
     changed = message.get("role") != "assistant"
+    if calls is not None:
+        if not isinstance(calls, list):
+            raise _malformed("choices[0].message.tool_calls is not a list")
+        fixed_calls, fixed = _check_calls(calls, call_prefix)
+        changed = changed or fixed
+    if changed:
+        message = {**message, "role": "assistant"}
+        if calls is not None:
+            message["tool_calls"] = fixed_calls
+    finish_reason = choice.get("finish_reason")
+    return message, finish_reason if isinstance(finish_reason, str) else None, _usage(response)
+
+
+def _check_calls(calls: list[Any], call_prefix: str) -> tuple[list[Any], bool]:
+    """The tool calls with ids and types filled in, and whether any needed it."""
+    fixed_calls: list[Any] = []
+    changed = False
     ids: set[str] = set()
-    for index, call in enumerate(calls or ()):
-        where = f"choices[0].message.tool_calls[{index}]"
+    for index, call in enumerate(calls):
         if not isinstance(call, dict):
-            raise _malformed(f"{where} is not an object")
+            raise _malformed(f"choices[0].message.tool_calls[{index}] is not an object")
         function = call.get("function")
         if not isinstance(function, dict):
-            raise _malformed(f"{where}.function is missing")
+            raise _malformed(f"choices[0].message.tool_calls[{index}].function is missing")
         name = function.get("name")
         if not isinstance(name, str) or not name:
-            raise _malformed(f"{where}.function.name is missing")
+            raise _malformed(f"choices[0].message.tool_calls[{index}].function.name is missing")
         call_id = call.get("id")
         if not isinstance(call_id, str) or not call_id or call_id in ids:
             call = {**call, "id": f"{call_prefix}_{index}"}
@@ -287,24 +315,19 @@ def check_response(response: object, *, call_prefix: str) -> tuple[Message, str 
             changed = True
         ids.add(call["id"])
         fixed_calls.append(call)
-    if changed:
-        message = {**message, "role": "assistant"}
-        if calls is not None:
-            message["tool_calls"] = fixed_calls
-    finish_reason = choice.get("finish_reason")
-    return message, finish_reason if isinstance(finish_reason, str) else None, _usage(response)
+    return fixed_calls, changed
 
 
 def _usage(response: dict[str, Any]) -> Usage:
     usage = response.get("usage")
     if not isinstance(usage, dict):
         return Usage()
-
-    def count(key: str) -> int:
-        value = usage.get(key)
-        return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
-
-    return Usage(count("prompt_tokens"), count("completion_tokens"))
+    prompt = usage.get("prompt_tokens")
+    completion = usage.get("completion_tokens")
+    return Usage(
+        prompt if type(prompt) is int and prompt >= 0 else 0,
+        completion if type(completion) is int and completion >= 0 else 0,
+    )
 
 
 def _storable(response: object) -> object:

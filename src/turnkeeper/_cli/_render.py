@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, assert_type
 
 import msgspec
 
@@ -17,9 +17,11 @@ from turnkeeper.events import (
     Envelope,
     Failed,
     Halted,
+    McpFailed,
     Message,
     MessageReceived,
     ModelResponded,
+    ReplyReplaced,
     SessionOpened,
     SessionState,
     TerminalToolCalled,
@@ -31,6 +33,12 @@ from turnkeeper.events._messages import text_of, tool_uses_of
 
 _GIST = 200  # characters of a text shown on one line
 _compact = msgspec.json.Encoder()
+_MCP_REASONS = {
+    "start_failed": "could not start",
+    "died": "went away",
+    "timeout": "timed out",
+    "error": "broke the protocol",
+}
 
 
 def gist(text: str | None, limit: int = _GIST) -> str:
@@ -81,6 +89,12 @@ def step_line(envelope: Envelope) -> str | None:
         said = gist(text_of(event.message)) or "(no text)"
         stopped = "" if event.finish_reason == "stop" else f" (stopped: {event.finish_reason})"
         return f"model: {said}{stopped} {usage}"
+    if isinstance(event, ReplyReplaced):
+        return f"guard {event.guard}: answer replaced with: {gist(event.text)}"
+    if isinstance(event, McpFailed):
+        what = _MCP_REASONS.get(event.reason, event.reason)
+        tool = f" (calling {event.tool})" if event.tool else ""
+        return f"MCP server {event.server} {what}{tool}: {gist(event.error)}"
     if isinstance(event, DuplicateToolCall):
         return f"guard duplicates: {event.name}({gist(event.arguments)}) repeats an earlier call"
     if isinstance(event, ChatRetried):
@@ -99,9 +113,8 @@ def step_line(envelope: Envelope) -> str | None:
         return f"cancelled: {gist(event.reason)}"
     if isinstance(event, Failed):
         return f"failed: {gist(event.error)}"
-    if isinstance(event, ToolResultsReceived):
-        return None
-    return f"{envelope.type}"
+    assert_type(event, ToolResultsReceived)  # every other kind has its line above
+    return None
 
 
 def _indented(text: str) -> str:

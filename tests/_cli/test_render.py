@@ -66,4 +66,4 @@ def test_tool_results_get_no_line_of_their_own() -> None:
 
 def test_every_kind_of_event_is_covered() -> None:
     kinds = {type(event) for event, _ in EVENTS} | {ToolResultsReceived}
-    assert kinds == set(AnyEvent.__args__)  # type: ignore[attr-defined]
+    assert kinds == set(AnyEvent.__args__)

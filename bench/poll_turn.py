@@ -87,12 +87,13 @@ async def session_with_history(messages: int) -> SessionState:
     return state
 
 
-async def time_polls(messages: int, polls: int = 2000) -> list[float]:
+async def time_polls(messages: int, polls: int = 2000, warmup: int = 200) -> list[float]:
     """Microseconds for each of `polls` polls at about `messages` messages of history.
 
     Each timed poll follows an untimed one that got a new tool call from the model, as in
     a live session, and answers it: its argument check, decoding and guards all work on
-    data no earlier poll has seen (ids and arguments are unique to the run, too).
+    data no earlier poll has seen (ids and arguments are unique to the run, too). The
+    first `warmup` polls are not counted.
     """
     base = await session_with_history(messages - 2)
     use = base.pending[0]
@@ -101,7 +102,7 @@ async def time_polls(messages: int, polls: int = 2000) -> list[float]:
     # As timeit does, with the garbage collector paused while timing.
     gc.disable()
     try:
-        for index in range(polls):
+        for index in range(warmup + polls):
             first = tool_call_response(messages * 1_000_000 + index)
             second = tool_call_response(messages * 1_000_000 + 500_000 + index)
 
@@ -116,7 +117,8 @@ async def time_polls(messages: int, polls: int = 2000) -> list[float]:
             answer = Resume(state.pending, (ToolResult(pending.id, f"result {index}"),))
             start = time.perf_counter_ns()
             await poll_turn(state, answer, chat)
-            samples.append((time.perf_counter_ns() - start) / 1000)
+            if index >= warmup:
+                samples.append((time.perf_counter_ns() - start) / 1000)
     finally:
         gc.enable()
     return samples

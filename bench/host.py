@@ -1,11 +1,16 @@
 """Many concurrent sessions in one Host on one SQLite log.
 
     python bench/host.py [--sessions 1000 10000] [--latency 0.05] [--round-trips 5]
+                         [--max-model-calls 0 200]
 
-Each session does `--round-trips` tool round trips against a scripted model that
-takes `--latency` seconds per reply, then answers. Prints, per session count:
-durable turns (model replies logged) per second, peak RSS per session, and p50/p99
-of the time from a model reply to its events being durable in SQLite.
+All sessions start at once (as an orchestrator's requests would); each does
+`--round-trips` tool round trips against a scripted model that takes `--latency`
+seconds per reply, then answers. Prints, per session count and model-call limit
+(`Host(max_model_calls=...)`, 0 for none), each run in a process of its own: durable
+turns (model replies logged) per second, the event loop thread's CPU time per turn,
+peak RSS per session, and p50/p99 of the time from a model reply to its events being
+durable in SQLite (a wait for a model-call slot comes before the call, so it is not
+counted).
 """
 
 from __future__ import annotations
@@ -13,8 +18,11 @@ from __future__ import annotations
 import argparse
 import contextvars
 import gc
+import json
 import resource
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -76,31 +84,47 @@ async def step(n: int) -> str:
     return f"step {n} done"
 
 
-async def measure(sessions: int, latency: float, round_trips: int) -> dict[str, float]:
+async def measure(
+    sessions: int, latency: float, round_trips: int, max_model_calls: int | None
+) -> dict[str, float]:
     gc.collect()
     with tempfile.TemporaryDirectory() as folder:
         log = TimedLog(Path(folder) / "host.sqlite")
         async with log:
             baseline = rss_bytes()
             peak = baseline
-            host = Host(chat=scripted_model(latency, round_trips), log=log, tools={"step": step})
+            host = Host(
+                chat=scripted_model(latency, round_trips),
+                log=log,
+                tools={"step": step},
+                max_model_calls=max_model_calls,
+            )
+            ids: list[str] = []
+
+            async def session() -> None:
+                # As an orchestrator would: start each session concurrently, await its result.
+                session_id = await host.start(SPEC, f"Do {round_trips} steps.")
+                ids.append(session_id)
+                await host.result(session_id)
+
+            async def sample_rss() -> None:
+                nonlocal peak
+                while True:
+                    peak = max(peak, rss_bytes())
+                    await anyio.sleep(0.1)
+
             async with host:
                 started = time.perf_counter()
-                ids = [await host.start(SPEC, f"Do {round_trips} steps.") for _ in range(sessions)]
+                cpu_started = time.thread_time()
                 async with anyio.create_task_group() as group:
-
-                    async def sample_rss() -> None:
-                        nonlocal peak
-                        while True:
-                            peak = max(peak, rss_bytes())
-                            await anyio.sleep(0.1)
-
                     group.start_soon(sample_rss)
-                    async with anyio.create_task_group() as waiters:
-                        for session_id in ids:
-                            waiters.start_soon(host.result, session_id)
+                    async with anyio.create_task_group() as sessions_group:
+                        for _ in range(sessions):
+                            sessions_group.start_soon(session)
                     group.cancel_scope.cancel()
                 elapsed = time.perf_counter() - started
+                cpu = time.thread_time() - cpu_started
+                peak = max(peak, rss_bytes())
                 turns = host.counters.get("model_calls", 0)
                 finished = sum(
                     [(await host.status(i)).text == f"finished {round_trips} steps" for i in ids]
@@ -110,6 +134,7 @@ async def measure(sessions: int, latency: float, round_trips: int) -> dict[str, 
         "sessions": sessions,
         "finished": finished,
         "turns_per_s": turns / elapsed,
+        "loop_cpu_us_per_turn": cpu / turns * 1e6,
         "rss_per_session_kb": (peak - baseline) / sessions / 1024,
         "peak_rss_mb": peak / 2**20,
         "p50_ms": statistics.median(latencies) * 1000,
@@ -117,24 +142,51 @@ async def measure(sessions: int, latency: float, round_trips: int) -> dict[str, 
     }
 
 
-async def main() -> None:
+def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sessions", type=int, nargs="+", default=[1000, 10000])
     parser.add_argument("--latency", type=float, default=0.05)
     parser.add_argument("--round-trips", type=int, default=5)
+    parser.add_argument(
+        "--max-model-calls",
+        type=int,
+        nargs="+",
+        default=[0, 200],
+        help="Host(max_model_calls=...) per run; 0 runs without a limit",
+    )
+    parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.one:
+        row = anyio.run(
+            measure,
+            args.sessions[0],
+            args.latency,
+            args.round_trips,
+            args.max_model_calls[0] or None,
+            backend="trio",
+        )
+        print(json.dumps(row))
+        return
     print(
-        f"{'sessions':>8} {'finished':>8} {'turns/s':>8} {'KB/session':>10} "
-        f"{'peak RSS MB':>11} {'p50 ms':>7} {'p99 ms':>7}"
+        f"{'sessions':>8} {'max calls':>9} {'finished':>8} {'turns/s':>8} {'loop us/turn':>12} "
+        f"{'KB/session':>10} {'peak RSS MB':>11} {'p50 ms':>7} {'p99 ms':>7}"
     )
     for count in args.sessions:
-        row = await measure(count, args.latency, args.round_trips)
-        print(
-            f"{row['sessions']:>8.0f} {row['finished']:>8.0f} {row['turns_per_s']:>8.0f} "
-            f"{row['rss_per_session_kb']:>10.1f} {row['peak_rss_mb']:>11.1f} "
-            f"{row['p50_ms']:>7.1f} {row['p99_ms']:>7.1f}"
-        )
+        for limit in args.max_model_calls:
+            # A process per run, so each starts from the same memory (and RSS is its own).
+            command = [sys.executable, __file__, "--one", "--sessions", str(count)]
+            command += ["--latency", str(args.latency), "--round-trips", str(args.round_trips)]
+            command += ["--max-model-calls", str(limit)]
+            done = subprocess.run(command, check=True, capture_output=True, text=True)
+            row = json.loads(done.stdout)
+            print(
+                f"{row['sessions']:>8.0f} {limit or 'none':>9} {row['finished']:>8.0f} "
+                f"{row['turns_per_s']:>8.0f} {row['loop_cpu_us_per_turn']:>12.0f} "
+                f"{row['rss_per_session_kb']:>10.1f} {row['peak_rss_mb']:>11.1f} "
+                f"{row['p50_ms']:>7.1f} {row['p99_ms']:>7.1f}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":
-    anyio.run(main, backend="trio")
+    main()

@@ -3,8 +3,8 @@ OpenTelemetry; with it, the hooks hand over to the tracer in `_otel`."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Protocol
 
 from turnkeeper.events import Envelope, SessionState, ToolResult, ToolSpec, ToolUse
@@ -70,6 +70,9 @@ class _NoSpan:
 
 
 _NO_SPAN = _NoSpan()
+# Reusable, and cheaper to enter than a generator-based context manager: hosts open a
+# span per request and per tool call whether tracing is on or not.
+_NO_SPAN_CONTEXT = nullcontext(_NO_SPAN)
 
 
 class _Active:
@@ -88,19 +91,16 @@ def enabled() -> bool:
     return _Active.tracer is not None
 
 
-@contextmanager
 def agent_span(
     state: SessionState, *, prompt: str | None = None, parent: object | None = None
-) -> Iterator[AgentSpan]:
+) -> AbstractContextManager[AgentSpan]:
     """A span around one session request, from a user message (`prompt`) or a resume to
     the end of the turn. `parent` is a context from `capture_context`, for a request taken
     from another task; by default the span is a child of the current one."""
     tracer = _Active.tracer
     if tracer is None:
-        yield _NO_SPAN
-        return
-    with tracer.agent_span(state, prompt, parent) as span:
-        yield span
+        return _NO_SPAN_CONTEXT
+    return tracer.agent_span(state, prompt, parent)
 
 
 def traced_chat(chat: Chat) -> Chat:
@@ -118,15 +118,12 @@ def traced_chat(chat: Chat) -> Chat:
     return traced
 
 
-@contextmanager
-def tool_span(use: ToolUse, tool: ToolSpec | None) -> Iterator[ToolSpan]:
+def tool_span(use: ToolUse, tool: ToolSpec | None) -> AbstractContextManager[ToolSpan]:
     """A span around one tool call; `tool` is its spec, when the session has one."""
     tracer = _Active.tracer
     if tracer is None:
-        yield _NO_SPAN
-        return
-    with tracer.tool_span(use, tool) as span:
-        yield span
+        return _NO_SPAN_CONTEXT
+    return tracer.tool_span(use, tool)
 
 
 def capture_context() -> object | None:

@@ -1,0 +1,182 @@
+"""Host admission control (`max_model_calls`) and the cheap paths of a turn: starting a
+session without a log read, a single tool call run inline."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import pytest
+
+from tests.sessions.host_worker import (
+    SPEC,
+    answer_for,
+    check_log,
+    prompt_for,
+    settle,
+    step_text,
+    stepper,
+)
+from turnkeeper.events import InputError
+from turnkeeper.events._memory_log import MemoryLog
+from turnkeeper.providers import ScriptedChat, text_response
+from turnkeeper.sessions import Host
+
+pytestmark = pytest.mark.anyio
+
+
+class Counting:
+    """A model that notes how many of its calls are in flight at once."""
+
+    def __init__(self, delay: float = 0.01) -> None:
+        self.chat = stepper(delay)
+        self.in_flight = 0
+        self.most = 0
+        self.calls = 0
+
+    async def __call__(self, request: dict[str, Any]) -> dict[str, Any]:
+        self.calls += 1
+        self.in_flight += 1
+        self.most = max(self.most, self.in_flight)
+        try:
+            return await self.chat(request)
+        finally:
+            self.in_flight -= 1
+
+
+class Gate:
+    """A model whose first call blocks until the gate opens; the others answer at once."""
+
+    def __init__(self) -> None:
+        self.entered = anyio.Event()
+        self.opened = anyio.Event()
+        self.calls = 0
+
+    async def __call__(self, request: dict[str, Any]) -> dict[str, Any]:
+        self.calls += 1
+        if self.calls == 1:
+            self.entered.set()
+            await self.opened.wait()
+        return text_response("done")
+
+
+async def test_max_model_calls_bounds_the_calls_in_flight() -> None:
+    log = MemoryLog()
+    model = Counting()
+
+    async def step(n: int) -> str:
+        return step_text(n)
+
+    async with Host(chat=model, log=log, tools={"step": step}, max_model_calls=3) as host:
+        ids = [await host.start(SPEC, prompt_for(2, str(i))) for i in range(12)]
+        infos = [await settle(host, session_id) for session_id in ids]
+    assert [info.text for info in infos] == [answer_for(2)] * 12
+    assert model.most == 3
+    assert model.calls == host.counters["model_calls"] == 12 * 3
+    for session_id in ids:
+        check_log(await log.read(session_id))
+
+
+async def test_without_a_bound_the_calls_overlap() -> None:
+    model = Counting()
+    async with Host(chat=model) as host:
+        ids = [await host.start(SPEC, prompt_for(0, str(i))) for i in range(6)]
+        for session_id in ids:
+            await settle(host, session_id)
+    assert model.most == 6
+
+
+async def test_a_session_waiting_for_a_model_call_slot_can_be_cancelled() -> None:
+    log = MemoryLog()
+    gate = Gate()
+    async with Host(chat=gate, log=log, max_model_calls=1) as host:
+        first = await host.start(SPEC, "first")
+        await gate.entered.wait()
+        waiting = await host.start(SPEC, "second")
+        await anyio.sleep(0.01)
+        assert (await host.status(waiting)).status == "running"
+        with anyio.fail_after(2):
+            await host.cancel(waiting, reason="changed my mind")
+        assert (await host.status(waiting)).status == "cancelled"
+        gate.opened.set()
+        assert (await settle(host, first)).text == "done"
+        # The slot the cancelled waiter never got is free: a new session gets it.
+        third = await host.start(SPEC, "third")
+        assert (await settle(host, third)).text == "done"
+    assert gate.calls == 2
+    state = check_log(await log.read(waiting))
+    assert state.status == "cancelled"
+
+
+async def test_stop_makes_no_call_for_a_session_waiting_for_a_slot() -> None:
+    log = MemoryLog()
+    gate = Gate()
+    host = Host(chat=gate, log=log, max_model_calls=1)
+    async with host:
+        first = await host.start(SPEC, "first")
+        await gate.entered.wait()
+        waiting = await host.start(SPEC, "second")
+        with anyio.fail_after(2):
+            async with anyio.create_task_group() as group:
+                group.start_soon(host.stop, 5.0)
+                await anyio.sleep(0.01)
+                # The call in flight ends; the waiter gets its slot, sees the stop and
+                # leaves its logged request for the next host (well before the grace).
+                gate.opened.set()
+    assert gate.calls == 1
+    assert (await log.read(first))[-1].type == "local.model_response"
+    assert check_log(await log.read(waiting)).in_poll
+    async with Host(chat=ScriptedChat([text_response("resumed")]), log=log) as again:
+        assert (await settle(again, waiting)).text == "resumed"
+
+
+async def test_stop_after_the_grace_cancels_calls_in_flight_and_waiting() -> None:
+    log = MemoryLog()
+    gate = Gate()
+    with anyio.fail_after(2):
+        async with Host(chat=gate, log=log, max_model_calls=1, stop_grace=0.05) as host:
+            first = await host.start(SPEC, "first")
+            await gate.entered.wait()
+            waiting = await host.start(SPEC, "second")
+    assert gate.calls == 1
+    for session_id in (first, waiting):
+        assert check_log(await log.read(session_id)).in_poll
+
+
+async def test_max_model_calls_must_be_positive() -> None:
+    with pytest.raises(InputError, match="max_model_calls"):
+        Host(chat=ScriptedChat([]), max_model_calls=0)
+
+
+async def test_a_session_id_already_in_the_log_is_refused() -> None:
+    log = MemoryLog()
+    async with (
+        Host(chat=ScriptedChat([text_response("hi")]), log=log) as one,
+        Host(chat=ScriptedChat([text_response("hi")]), log=log) as other,
+    ):
+        # `other` recovered the log before `one` wrote the session: only the log knows.
+        await one.start(SPEC, "hello", session_id="shared")
+        with pytest.raises(InputError, match="session_id: shared already exists"):
+            await other.start(SPEC, "again", session_id="shared")
+        assert len(await log.read("shared")) == 2
+        assert (await settle(one, "shared")).text == "hi"
+
+
+async def test_concurrent_starts_of_one_id_open_it_once() -> None:
+    log = MemoryLog()
+    outcomes: list[str] = []
+
+    async with Host(chat=ScriptedChat([text_response("hi")]), log=log) as host:
+
+        async def start() -> None:
+            try:
+                outcomes.append(await host.start(SPEC, "hello", session_id="once"))
+            except InputError as exc:
+                outcomes.append(str(exc))
+
+        async with anyio.create_task_group() as group:
+            for _ in range(3):
+                group.start_soon(start)
+        assert (await settle(host, "once")).text == "hi"
+    assert sorted(outcomes) == ["once"] + ["session_id: once already exists"] * 2
+    check_log(await log.read("once"))

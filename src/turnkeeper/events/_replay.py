@@ -8,7 +8,7 @@ import msgspec
 
 from turnkeeper.events._errors import InputError, ReplayError, SeqError
 from turnkeeper.events._events import Envelope, SessionOpened
-from turnkeeper.events._state import SessionState, apply_event, initial_state
+from turnkeeper.events._state import SessionState, fold, initial_state
 
 
 def replay(events: Iterable[Envelope]) -> SessionState:
@@ -28,7 +28,4 @@ def replay(events: Iterable[Envelope]) -> SessionState:
         state = initial_state(first.session_id, first.event)
     except InputError as exc:
         raise ReplayError(f"session {first.session_id}: seq 1: {exc}") from None
-    state = msgspec.structs.replace(state, seq=1)
-    for envelope in iterator:
-        state = apply_event(state, envelope)
-    return state
+    return fold(msgspec.structs.replace(state, seq=1), iterator)

@@ -35,6 +35,11 @@ from turnkeeper.events._sqlite_log import SqliteLog
 
 LogFactory = Callable[[], EventLog]
 
+# Values of the wrong type, as code that skips type checks could put in an event.
+WRONG_TYPE: Any = 123
+WRONG_SEQ: Any = 1.0
+NO_DICT: Any = ["not", "a", "dict"]
+
 FILE_KINDS = ["jsonl", "sqlite"]
 KINDS = ["memory", *FILE_KINDS]
 
@@ -209,6 +214,51 @@ async def test_racing_appends_on_one_session_let_exactly_one_win(make_log: LogFa
             LogError,
             "session a seq 1: cannot encode event",
         ),
+        (
+            [envelope("a", 1), envelope("a", 2, at=math.inf)],
+            0,
+            LogError,
+            "session a seq 2: event would not read back: .*Expected `float`, got `null`",
+        ),
+        (
+            [envelope("a", 1, at=-math.inf)],
+            0,
+            LogError,
+            "session a seq 1: event would not read back",
+        ),
+        (
+            [envelope("a", 1, ChatRetried(attempt=1, delay=math.nan, error="HTTP 503"))],
+            0,
+            LogError,
+            r"session a seq 1: event would not read back: .*\$\.event\.delay",
+        ),
+        (
+            [envelope("a", 1, MessageReceived(text=WRONG_TYPE))],
+            0,
+            LogError,
+            r"session a seq 1: event would not read back: .*Expected `str`, got `int`",
+        ),
+        (
+            [Envelope(session_id="", seq=1, at=1.0, event=MessageReceived(text="x"))],
+            0,
+            LogError,
+            r"session  seq 1: event would not read back: .*length >= 1",
+        ),
+        (
+            [Envelope(session_id="a", seq=WRONG_SEQ, at=1.0, event=MessageReceived(text="x"))],
+            0,
+            LogError,
+            r"session a seq 1.0: event would not read back: .*Expected `int`, got `float`",
+        ),
+        (
+            [
+                envelope("a", 1),
+                envelope("a", 2, ToolCalled(tool_call_id="c", name="t", input=NO_DICT)),
+            ],
+            0,
+            LogError,
+            r"session a seq 2: event would not read back: .*Expected `object`, got `array`",
+        ),
     ],
 )
 @pytest.mark.anyio
@@ -224,6 +274,39 @@ async def test_invalid_batches_raise_a_clear_error_and_log_nothing(
             await log.append(events, expected_seq=expected_seq)
         assert await log.sessions() == []
         assert await log.read_all() == []
+
+
+@pytest.mark.anyio
+async def test_payload_values_json_changes_are_held_as_they_read_back(
+    make_log: LogFactory,
+) -> None:
+    odd: dict[str, Any] = {
+        "pair": (1, 2),
+        "keys": {1: "one"},
+        "nan": math.nan,
+        "usage": Usage(prompt_tokens=3, completion_tokens=4),
+    }
+    events = [
+        envelope("s1", 1, ToolCalled(tool_call_id="c", name="t", input=odd)),
+        envelope("s1", 2, ChatFailed(error="x", transient=True, response=(math.inf, "y"))),
+    ]
+    as_read: dict[str, Any] = {
+        "pair": [1, 2],
+        "keys": {"1": "one"},
+        "nan": None,
+        "usage": {"prompt_tokens": 3, "completion_tokens": 4},
+    }
+    expected = [
+        envelope("s1", 1, ToolCalled(tool_call_id="c", name="t", input=as_read)),
+        envelope("s1", 2, ChatFailed(error="x", transient=True, response=[None, "y"])),
+    ]
+    async with make_log() as log:
+        await log.append(events, expected_seq=0)
+        assert await log.read("s1") == expected
+        assert [e for _, e in await log.read_all()] == expected
+    if not isinstance(log, MemoryLog):
+        async with make_log() as reopened:
+            assert await reopened.read("s1") == expected
 
 
 @pytest.mark.anyio

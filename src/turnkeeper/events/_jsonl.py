@@ -12,6 +12,10 @@ from turnkeeper.events._events import Envelope
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(Envelope)
+_array_decoder = msgspec.json.Decoder(list[Envelope])
+_DATA = (bytes, bytearray, memoryview, str)
+# What msgspec raises, besides DecodeError, on input it cannot turn into Python objects.
+_DECODE_FAILURES = (msgspec.DecodeError, RecursionError, MemoryError, OverflowError, UnicodeError)
 
 
 class TornTail(msgspec.Struct, frozen=True):
@@ -36,14 +40,28 @@ def encode_envelope(envelope: Envelope) -> bytes:
 
 def decode_envelope(data: bytes | str, *, line: int | None = None) -> Envelope:
     """One envelope from JSON; anything else raises LogCorrupt."""
-    if not isinstance(data, bytes | bytearray | memoryview | str):
+    if not isinstance(data, _DATA):
         raise LogCorrupt(f"expected bytes or str, got {type(data).__name__}", line=line)
     try:
         return _decoder.decode(data)
-    except msgspec.DecodeError as exc:
-        raise LogCorrupt(f"not an event envelope: {exc}", line=line) from None
-    except (RecursionError, MemoryError, OverflowError, UnicodeError) as exc:
-        raise LogCorrupt(f"not an event envelope: {type(exc).__name__}", line=line) from None
+    except _DECODE_FAILURES as exc:
+        raise _not_envelopes(exc, line) from None
+
+
+def decode_envelopes(data: bytes) -> list[Envelope]:
+    """A JSON array of envelopes, in one pass (far cheaper than one decode per envelope).
+
+    Anything else raises LogCorrupt, naming no line: decode the parts one by one to find it.
+    """
+    try:
+        return _array_decoder.decode(data)
+    except _DECODE_FAILURES as exc:
+        raise _not_envelopes(exc, None) from None
+
+
+def _not_envelopes(exc: Exception, line: int | None) -> LogCorrupt:
+    detail = exc if isinstance(exc, msgspec.DecodeError) else type(exc).__name__
+    return LogCorrupt(f"not an event envelope: {detail}", line=line)
 
 
 def encode_jsonl(events: Iterable[Envelope]) -> bytes:

@@ -11,7 +11,7 @@ import msgspec
 
 from turnkeeper.events._errors import LogCorrupt, LogError, SeqError
 from turnkeeper.events._events import Envelope
-from turnkeeper.events._jsonl import decode_envelope, encode_envelope
+from turnkeeper.events._jsonl import decode_envelope, decode_envelopes, encode_envelope
 
 
 class SeqConflict(LogError):
@@ -53,9 +53,9 @@ def check_batch(events: Sequence[Envelope], expected_seq: int) -> Batch:
     if not isinstance(first, Envelope):
         raise LogError(f"events must be Envelope instances, got {type(first).__name__}")
     session_id = first.session_id
-    decoded: list[Envelope] = []
     lines: list[bytes] = []
-    for offset, envelope in enumerate(events):
+    seq = expected_seq
+    for envelope in events:
         if not isinstance(envelope, Envelope):
             raise LogError(f"events must be Envelope instances, got {type(envelope).__name__}")
         if envelope.session_id != session_id:
@@ -63,26 +63,33 @@ def check_batch(events: Sequence[Envelope], expected_seq: int) -> Batch:
                 f"one append holds one session's events: got {envelope.session_id!r} "
                 f"after {session_id!r}"
             )
-        if envelope.seq != expected_seq + 1 + offset:
-            raise SeqError(session_id, envelope.seq, expected_seq + 1 + offset)
-        line = _encode(envelope)
+        seq += 1
+        if envelope.seq != seq:
+            raise SeqError(session_id, envelope.seq, seq)
         try:
-            decoded.append(decode_envelope(line))
-        except LogCorrupt as exc:
+            lines.append(encode_envelope(envelope))
+        except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as exc:
             raise LogError(
-                f"session {session_id} seq {envelope.seq}: event would not read back: {exc}"
+                f"session {session_id} seq {envelope.seq}: cannot encode event: {exc}"
             ) from None
-        lines.append(line)
-    return Batch(session_id, expected_seq, tuple(decoded), tuple(lines))
-
-
-def _encode(envelope: Envelope) -> bytes:
+    # The read-back check is a real decode: besides NaN and infinite floats (written as
+    # null), a field of the wrong type or a payload value JSON cannot hold as it is (a
+    # tuple, a non-string key, bytes) would read back differently or not at all, and only
+    # walking every value could tell; msgspec's decode of the whole batch at once is the
+    # cheapest such walk. Each line is one complete JSON value, so the array holds as many
+    # envelopes as there are lines.
     try:
-        return encode_envelope(envelope)
-    except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as exc:
-        raise LogError(
-            f"session {envelope.session_id} seq {envelope.seq}: cannot encode event: {exc}"
-        ) from None
+        decoded = decode_envelopes(b"[" + b",".join(lines) + b"]")
+    except LogCorrupt:
+        for envelope, line in zip(events, lines, strict=True):
+            try:
+                decode_envelope(line)
+            except LogCorrupt as exc:
+                raise LogError(
+                    f"session {session_id} seq {envelope.seq}: event would not read back: {exc}"
+                ) from None
+        raise
+    return Batch(session_id, expected_seq, tuple(decoded), tuple(lines))
 
 
 def check_window(after: int, limit: int | None) -> None:
@@ -130,7 +137,8 @@ class EventLog(ABC):
         is cancelled, the events may or may not have been logged; `last_seq` tells.
         """
         batch = check_batch(events, expected_seq)
-        await self._ready()
+        if self._state != "open":
+            await self._ready()
         await self._append(batch)
 
     async def read(

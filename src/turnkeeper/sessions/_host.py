@@ -144,7 +144,8 @@ class _Session:
         # The actor takes it uncontended on every commit; fast_acquire skips a checkpoint
         # there (the append that follows has its own).
         self.lock = anyio.Lock(fast_acquire=True)
-        self.wake = anyio.Event()
+        # Set when there may be new work; the actor looks again before it ends.
+        self.woken = False
         # Created by the first waiter and set (then dropped) by the next change, so a
         # change nobody waits for costs no Event: `changed` on any change (long-polls),
         # `rested` on one that leaves the session at rest (`result`).
@@ -175,11 +176,12 @@ class _Session:
 class Host:
     """Runs many sessions in one process: `async with Host(chat=...) as host`.
 
-    Each session is a task in the host's task group, restarted from the log when it
-    raises (with exponential backoff); more than `max_restarts` crashes within
-    `restart_window` seconds mark it failed, and its siblings never notice. On entry
-    the host resumes every unfinished session in its log; on exit it stops gracefully:
-    no new work, `stop_grace` seconds for sessions to reach a turn boundary, then cancel.
+    Each session with work to do is a task in the host's task group (one at rest holds
+    none until a message or results arrive), restarted from the log when it raises
+    (with exponential backoff); more than `max_restarts` crashes within `restart_window`
+    seconds mark it failed, and its siblings never notice. On entry the host resumes
+    every unfinished session in its log; on exit it stops gracefully: no new work,
+    `stop_grace` seconds for sessions to reach a turn boundary, then cancel.
     Tools named in `tools` run in-process; calls of other tools park the session in
     `requires_action` until `submit_tool_results`.
 
@@ -415,8 +417,6 @@ class Host:
         turn boundary, then cancel what is left. The log stays consistent throughout."""
         self._accepting = False
         self._stopping = True
-        for session in self._sessions.values():
-            self._wake(session)
         limit = self.stop_grace if grace is None else grace
         try:
             with anyio.move_on_after(limit):
@@ -459,18 +459,18 @@ class Host:
 
     async def _load(self, session_id: str) -> _Session:
         session = self._sessions.get(session_id)
-        if session is not None:
+        if session is None:
+            if not isinstance(session_id, str) or not session_id:
+                raise UnknownSession(f"no session {session_id!r}")
+            try:
+                read = await self._read(session_id)
+            except ReplayError as exc:
+                raise UnknownSession(f"session {session_id} cannot be rebuilt: {exc}") from None
+            session = self._sessions.setdefault(session_id, read)
+            self._note(session)
+        # A session with work and no task (recovered, or read from the log) gets one.
+        if self._status(session) == "running":
             self._spawn(session)
-            return session
-        if not isinstance(session_id, str) or not session_id:
-            raise UnknownSession(f"no session {session_id!r}")
-        try:
-            session = await self._read(session_id)
-        except ReplayError as exc:
-            raise UnknownSession(f"session {session_id} cannot be rebuilt: {exc}") from None
-        session = self._sessions.setdefault(session_id, session)
-        self._note(session)
-        self._spawn(session)
         return session
 
     # -- the session actor ----------------------------------------------------------------
@@ -486,8 +486,11 @@ class Host:
 
     async def _run(self, session: _Session) -> None:
         """Supervise the session in a scope of its own, which stop() cancels after the grace."""
-        with anyio.CancelScope() as session.task_scope:
-            await self._supervise(session)
+        try:
+            with anyio.CancelScope() as session.task_scope:
+                await self._supervise(session)
+        finally:
+            session.task_scope = None
 
     async def _supervise(self, session: _Session) -> None:
         """Run the session's actor; restart it from the log when it crashes."""
@@ -555,7 +558,8 @@ class Host:
                 )
 
     async def _act(self, session: _Session) -> None:
-        """Advance the session until it needs something from outside, then wait for it."""
+        """Advance the session until it needs something from outside, then end: a session
+        at rest holds no task (`_wake` starts one when there is work again)."""
         while not self._stopping and session.cancelling is None:
             state = session.state
             if state.status in ("cancelled", "failed"):
@@ -565,24 +569,31 @@ class Host:
                 session.span = self._open_span(session, *session.opening)
                 session.opening = None
             if not session.errored:
+                progressed = True
                 if state.in_poll:
-                    await self._call_model(session)
-                    continue
-                if state.status == "running":
+                    pass
+                elif state.status == "running":
                     await self._poll(session, Resume())
-                    continue
-                if state.status == "requires_action":
-                    if await self._advance_tools(session):
-                        continue
+                elif state.status == "requires_action":
+                    progressed = await self._advance_tools(session)
                 elif session.mailbox:
                     text, context = session.mailbox[0]
                     self._close_span(session)
                     session.span = self._open_span(session, text, context)
                     await self._poll(session, UserMessage(text), from_mailbox=True)
+                else:
+                    progressed = False
+                if progressed:
+                    # Called from here, not from the steps above, so that their locals are
+                    # not kept through the model call. It is made even while stopping: it
+                    # finishes the turn.
+                    if session.state.in_poll:
+                        await self._call_model(session)
                     continue
-            self._close_span(session)
-            await session.wake.wait()
-            session.wake = anyio.Event()
+            if not session.woken:
+                self._close_span(session)
+                return
+            session.woken = False
 
     async def _advance_tools(self, session: _Session) -> bool:
         """Run the calls the host answers itself, and resume once every call has a result.
@@ -615,19 +626,14 @@ class Host:
                 envelope, state = emit(state, event, at=self.clock())
                 envelopes.append(envelope)
             by_id = {result.tool_use_id: result for result in state.returned}
-            request = None
             if all(use.id in by_id for use in state.pending):
                 # The results and the next poll's input are logged together: one commit.
                 resume = Resume(state.pending, tuple(by_id[use.id] for use in state.pending))
-                begun, state, request = begin_poll(
-                    state, resume, now=self.clock(), guard=self.guard
-                )
+                begun, state, _ = begin_poll(state, resume, now=self.clock(), guard=self.guard)
                 envelopes.extend(begun)
                 self._count("guard_halts", sum(e.type == "local.halted" for e in begun))
             await self._commit(session, envelopes, state)
         session.announced = {}
-        if request is not None:
-            await self._call_model(session)
         return True
 
     def _runs_here(self, session: _Session, state: SessionState, use: ToolUse) -> bool:
@@ -704,12 +710,12 @@ class Host:
         return [results[use.id] for use in uses]
 
     async def _poll(self, session: _Session, given: Input, *, from_mailbox: bool = False) -> None:
-        """Log the poll's input and guard events, then make its model call. A message
-        leaves the mailbox only once it is logged (so the session never looks idle
+        """Log the poll's input and guard events (the caller makes its model call). A
+        message leaves the mailbox only once it is logged (so the session never looks idle
         with a message in hand)."""
         async with session.lock:
             try:
-                events, state, request = begin_poll(
+                events, state, _ = begin_poll(
                     session.state, given, now=self.clock(), guard=self.guard
                 )
             except InputError as exc:
@@ -727,8 +733,6 @@ class Host:
             if from_mailbox:
                 session.mailbox.popleft()
                 self._note(session)
-        if request is not None:
-            await self._call_model(session)
 
     async def _call_model(self, session: _Session) -> None:
         """Make the model call of the poll in flight and log its answer (or its failure)."""
@@ -842,7 +846,8 @@ class Host:
         session.span_exit = None
 
     def _wake(self, session: _Session) -> None:
-        session.wake.set()
+        session.woken = True
+        self._spawn(session)
 
     def _count(self, name: str, amount: int = 1) -> None:
         self.counters[name] = self.counters.get(name, 0) + amount

@@ -18,6 +18,7 @@ from turnkeeper.events import (
     GuardConfig,
     Halted,
     McpFailed,
+    MessageQueued,
     MessageReceived,
     ModelResponded,
     ReplyReplaced,
@@ -33,6 +34,7 @@ from turnkeeper.events import (
 EVENTS: list[tuple[AnyEvent, str]] = [
     (SessionOpened(AgentSpec(), (), 50, GuardConfig(), False), "session"),
     (MessageReceived("What is 2 + 2?"), "What is 2 + 2?"),
+    (MessageQueued("And 3 + 3?"), "queued: And 3 + 3?"),
     (DirectiveInjected("loop", "You are going in circles."), "guard loop: You are going"),
     (ModelResponded({}, {"role": "assistant", "content": "4"}, "stop", Usage(3, 1)), "model: 4"),
     (DuplicateToolCall("c1", "search", '{"q":"x"}', "already"), "guard duplicates: search"),

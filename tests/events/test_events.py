@@ -25,6 +25,7 @@ from turnkeeper.events import (
     Halted,
     LogCorrupt,
     McpFailed,
+    MessageQueued,
     MessageReceived,
     ModelResponded,
     ReplyReplaced,
@@ -44,6 +45,7 @@ from turnkeeper.events import (
 TAGS: dict[type[Event], str] = {
     SessionOpened: "local.session_opened",
     MessageReceived: "local.user_message",
+    MessageQueued: "local.message_queued",
     ToolResultsReceived: "local.tool_results",
     DirectiveInjected: "local.directive",
     ModelResponded: "local.model_response",
@@ -116,6 +118,7 @@ EXAMPLES: list[AnyEvent] = [
         tool="read",
         tool_call_id="call_4",
     ),
+    MessageQueued(text="and then?"),
 ]
 
 

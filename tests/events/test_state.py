@@ -21,6 +21,7 @@ from turnkeeper.events import (
     GuardConfig,
     Halted,
     InputError,
+    MessageQueued,
     MessageReceived,
     ModelResponded,
     ReplayError,
@@ -123,6 +124,24 @@ def test_user_message_starts_a_running_episode() -> None:
     assert state.status == "running"
     assert state.episode_started == log.at
     assert state.seq == 2
+
+
+def test_queued_messages_wait_in_order_and_each_delivery_takes_the_oldest() -> None:
+    log = Log()
+    log.push(MessageReceived(text="first"))
+    log.push(MessageQueued(text="second"))
+    state = log.push(MessageQueued(text="third"))
+    assert state.queued == ("second", "third")
+    assert state.status == "running"
+    assert state.history[-1] == {"role": "user", "content": "first"}
+    state = log.push(MessageReceived(text="second"))
+    assert state.queued == ("third",)
+    # A message that was not queued leaves the queue as it is.
+    state = log.push(MessageReceived(text="something else"))
+    assert state.queued == ("third",)
+    state = log.push(MessageReceived(text="third"))
+    assert state.queued == ()
+    assert log.replayed() == state
 
 
 def test_tool_calls_become_pending_and_are_seen() -> None:

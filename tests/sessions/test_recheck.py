@@ -82,3 +82,28 @@ async def test_a_log_whose_first_event_is_not_the_opening_is_refused() -> None:
 async def test_recheck_needs_the_opening_event() -> None:
     with pytest.raises(ReplayError):
         recheck([])
+
+
+def test_a_message_queued_while_the_model_was_called_does_not_diverge() -> None:
+    from turnkeeper.events import MessageQueued, replay
+    from turnkeeper.providers import text_response
+    from turnkeeper.sessions import Kickoff, UserMessage, open_session
+    from turnkeeper.sessions._poll import begin_poll, emit, end_poll, opened_event
+
+    state = open_session(SPEC)
+    events = []
+    begun, state, request = begin_poll(state, Kickoff("first"), now=1.0)
+    events += begun
+    assert request is not None
+    queued, state = emit(state, MessageQueued(text="second"), at=1.5)
+    events.append(queued)
+    ended, state = end_poll(state, text_response("one"), now=2.0)
+    events += ended
+    begun, state, _ = begin_poll(state, UserMessage("second"), now=3.0)
+    events += begun
+    assert state.queued == ()
+    ended, state = end_poll(state, text_response("two"), now=4.0)
+    events += ended
+    assert events[0].event == opened_event(open_session(SPEC, session_id=state.session_id))
+    assert replay(events) == state
+    assert recheck(events) is None

@@ -19,6 +19,7 @@ from turnkeeper.events import (
     Halted,
     McpFailed,
     Message,
+    MessageQueued,
     MessageReceived,
     ModelResponded,
     ReplyReplaced,
@@ -80,6 +81,8 @@ def step_line(envelope: Envelope) -> str | None:
         return opened_line(envelope.session_id, event.spec)
     if isinstance(event, MessageReceived):
         return user_line(event.text)
+    if isinstance(event, MessageQueued):
+        return f"queued: {gist(event.text)}"
     if isinstance(event, DirectiveInjected):
         return f"guard {event.guard}: {gist(event.text)}"
     if isinstance(event, ModelResponded):

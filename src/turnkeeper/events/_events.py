@@ -25,7 +25,15 @@ class SessionOpened(Event, frozen=True, tag="local.session_opened"):
 
 
 class MessageReceived(Event, frozen=True, tag="local.user_message"):
-    """A user message arrived; it starts a new request episode."""
+    """A user message arrived; it starts a new request episode. It takes the oldest queued
+    message off the queue when that is the same text (the host delivers them in order)."""
+
+    text: str
+
+
+class MessageQueued(Event, frozen=True, tag="local.message_queued"):
+    """A message accepted while the session was busy, logged before the sender hears back so
+    it survives a crash; a `local.user_message` delivers it when the session is free."""
 
     text: str
 
@@ -146,6 +154,7 @@ class Failed(Event, frozen=True, tag="local.failed"):
 AnyEvent = (
     SessionOpened
     | MessageReceived
+    | MessageQueued
     | ToolResultsReceived
     | DirectiveInjected
     | ModelResponded

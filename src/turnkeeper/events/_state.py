@@ -20,6 +20,7 @@ from turnkeeper.events._events import (
     Envelope,
     Failed,
     Halted,
+    MessageQueued,
     MessageReceived,
     ModelResponded,
     ReplyReplaced,
@@ -54,6 +55,7 @@ class SessionState(msgspec.Struct, frozen=True):
     `in_poll` is true between a poll's input and the model's answer: a session rebuilt
     in that window (after a crash) makes that model call again. `reply_calls` and
     `last_unreadable` describe the model's last reply in the episode (for the repair guard).
+    `queued` holds the messages accepted while the session was busy, oldest first.
     """
 
     session_id: str
@@ -85,6 +87,7 @@ class SessionState(msgspec.Struct, frozen=True):
     request: str | None = None
     last_unreadable: bool = False
     reply_calls: tuple[ToolUse, ...] = ()
+    queued: tuple[str, ...] = ()
     stop_reason: str | None = None
     result: dict[str, Any] | None = None
 
@@ -226,10 +229,18 @@ def _apply_directive(state: SessionState, event: Any, envelope: Envelope) -> Ses
     )
 
 
+def _apply_queued(state: SessionState, event: Any, envelope: Envelope) -> SessionState:
+    return _replace(state, seq=envelope.seq, queued=(*state.queued, event.text))
+
+
 def _apply_message(state: SessionState, event: Any, envelope: Envelope) -> SessionState:
     history = _closed(state, "not run: a new user message arrived")
+    queued = state.queued
+    if queued and queued[0] == event.text:
+        queued = queued[1:]
     return _replace(
         state,
+        queued=queued,
         seq=envelope.seq,
         history=(*history, {"role": "user", "content": event.text}),
         deferred=(),
@@ -456,6 +467,7 @@ _RULES: dict[type, _Rule] = {
     DirectiveInjected: _apply_directive,
     ReplyReplaced: _apply_replaced,
     MessageReceived: _apply_message,
+    MessageQueued: _apply_queued,
     Halted: _apply_halt,
     TerminalToolCalled: _apply_terminal,
     Cancelled: _apply_cancel,

@@ -20,6 +20,7 @@ from turnkeeper.events import (
     GuardConfig,
     Halted,
     InputError,
+    MessageQueued,
     MessageReceived,
     ModelResponded,
     ReplayError,
@@ -114,7 +115,11 @@ def recheck(
         state = begun
         if request is None:
             continue
-        while index < len(events) and isinstance(events[index].event, ChatRetried | ChatFailed):
+        # What may be logged while the model call is in flight: retries, a failure, and
+        # messages queued for later.
+        while index < len(events) and isinstance(
+            events[index].event, ChatRetried | ChatFailed | MessageQueued
+        ):
             state = apply_event(state, events[index])
             index += 1
         response = events[index] if index < len(events) else None

@@ -154,9 +154,17 @@ def main() -> None:
         default=[0, 200],
         help="Host(max_model_calls=...) per run; 0 runs without a limit",
     )
+    parser.add_argument(
+        "--gc-threshold",
+        type=int,
+        default=50_000,
+        help="the cycle collector's first threshold (gc.set_threshold); 0 keeps Python's",
+    )
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
+        if args.gc_threshold:
+            gc.set_threshold(args.gc_threshold, *gc.get_threshold()[1:])
         row = anyio.run(
             measure,
             args.sessions[0],
@@ -167,6 +175,8 @@ def main() -> None:
         )
         print(json.dumps(row))
         return
+    threshold = args.gc_threshold or gc.get_threshold()[0]
+    print(f"cycle collector: first threshold {threshold} (Python's default is 700)")
     print(
         f"{'sessions':>8} {'max calls':>9} {'finished':>8} {'turns/s':>8} {'loop us/turn':>12} "
         f"{'KB/session':>10} {'peak RSS MB':>11} {'p50 ms':>7} {'p99 ms':>7}"
@@ -176,7 +186,7 @@ def main() -> None:
             # A process per run, so each starts from the same memory (and RSS is its own).
             command = [sys.executable, __file__, "--one", "--sessions", str(count)]
             command += ["--latency", str(args.latency), "--round-trips", str(args.round_trips)]
-            command += ["--max-model-calls", str(limit)]
+            command += ["--max-model-calls", str(limit), "--gc-threshold", str(args.gc_threshold)]
             done = subprocess.run(command, check=True, capture_output=True, text=True)
             row = json.loads(done.stdout)
             print(

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager, AsyncExitStack, nullcontext
 from typing import Any, Literal, Self
@@ -132,7 +131,8 @@ class _Session:
 
     def __init__(self, state: SessionState, *, errored: bool = False) -> None:
         self.state = state
-        self.mailbox: deque[tuple[str, object | None]] = deque()
+        # A list, not a deque: it is short, and an empty deque costs 10 times the memory.
+        self.mailbox: list[tuple[str, object | None]] = []
         self.mcp: McpTools | None = None
         self.span: AgentSpan | None = None
         self.span_exit: AbstractContextManager[AgentSpan] | None = None
@@ -152,8 +152,8 @@ class _Session:
         self.changed: anyio.Event | None = None
         self.rested: anyio.Event | None = None
         self.done = anyio.Event()
+        # The session task's scope, cancelled by cancel() and by stop() after the grace.
         self.scope: anyio.CancelScope | None = None
-        self.task_scope: anyio.CancelScope | None = None
         self.running = False
         self.errored = errored
         self.error: str | None = None
@@ -427,8 +427,8 @@ class Host:
             # Each session's own scope, not the task group's: the `async with` body runs
             # inside the group's scope and must survive an explicit stop().
             for session in self._sessions.values():
-                if session.task_scope is not None:
-                    session.task_scope.cancel()
+                if session.scope is not None:
+                    session.scope.cancel()
         if self._owns_log:
             await self.log.close()
 
@@ -485,12 +485,13 @@ class Host:
         self._group.start_soon(self._run, session, name=f"session {session.state.session_id}")
 
     async def _run(self, session: _Session) -> None:
-        """Supervise the session in a scope of its own, which stop() cancels after the grace."""
+        """Supervise the session in a scope of its own, which cancel() cancels, and stop()
+        after the grace."""
         try:
-            with anyio.CancelScope() as session.task_scope:
+            with anyio.CancelScope() as session.scope:
                 await self._supervise(session)
         finally:
-            session.task_scope = None
+            session.scope = None
 
     async def _supervise(self, session: _Session) -> None:
         """Run the session's actor; restart it from the log when it crashes."""
@@ -498,8 +499,7 @@ class Host:
         try:
             while True:
                 try:
-                    with anyio.CancelScope() as session.scope:
-                        await self._act(session)
+                    await self._act(session)
                 except Exception as exc:
                     if self._stopping or session.cancelling:
                         return
@@ -539,7 +539,6 @@ class Host:
         finally:
             self._close_span(session)
             session.running = False
-            session.scope = None
             session.done.set()
             self._note(session)
 
@@ -631,7 +630,7 @@ class Host:
                 resume = Resume(state.pending, tuple(by_id[use.id] for use in state.pending))
                 begun, state, _ = begin_poll(state, resume, now=self.clock(), guard=self.guard)
                 envelopes.extend(begun)
-                self._count("guard_halts", sum(e.type == "local.halted" for e in begun))
+                self._count_events(begun)
             await self._commit(session, envelopes, state)
         session.announced = {}
         return True
@@ -721,17 +720,17 @@ class Host:
             except InputError as exc:
                 if not from_mailbox:
                     raise
-                session.mailbox.popleft()
+                session.mailbox.pop(0)
                 _log.error(
                     "session.message_refused", session_id=session.state.session_id, error=str(exc)
                 )
                 # With the message gone the session may be at rest: tell the waiters.
                 self._note(session)
                 return
-            self._count("guard_halts", sum(e.type == "local.halted" for e in events))
+            self._count_events(events)
             await self._commit(session, events, state)
             if from_mailbox:
-                session.mailbox.popleft()
+                session.mailbox.pop(0)
                 self._note(session)
 
     async def _call_model(self, session: _Session) -> None:
@@ -740,7 +739,11 @@ class Host:
         if slots is not None:
             try:
                 slots.acquire_nowait()
+                waits = False
             except anyio.WouldBlock:
+                waits = True
+            if waits:
+                # Outside the except clause: a waiting task keeps no exception alive.
                 await slots.acquire()
             if self._stopping:
                 # Its request is logged: the host's next start makes the call.
@@ -768,8 +771,7 @@ class Host:
                 session.error = error.message
                 self._note(session)
                 return
-        self._count("chat_retries", sum(e.type == "local.chat_retry" for e in events))
-        self._count("guard_halts", sum(e.type == "local.halted" for e in events))
+        self._count_events(events)
         local = [use for use in ended.pending if self._runs_here(session, ended, use)]
         for event in self._announce(session, ended, local):
             envelope, ended = emit(ended, event, at=self.clock())
@@ -849,8 +851,17 @@ class Host:
         session.woken = True
         self._spawn(session)
 
-    def _count(self, name: str, amount: int = 1) -> None:
-        self.counters[name] = self.counters.get(name, 0) + amount
+    def _count(self, name: str) -> None:
+        self.counters[name] = self.counters.get(name, 0) + 1
+
+    def _count_events(self, events: Sequence[Envelope]) -> None:
+        """Count the guard halts and model call retries among `events`, in one pass."""
+        for envelope in events:
+            kind = envelope.type
+            if kind == "local.halted":
+                self._count("guard_halts")
+            elif kind == "local.chat_retry":
+                self._count("chat_retries")
 
     def _check_accepting(self) -> None:
         if not self._accepting:

@@ -180,3 +180,23 @@ async def test_concurrent_starts_of_one_id_open_it_once() -> None:
         assert (await settle(host, "once")).text == "hi"
     assert sorted(outcomes) == ["once"] + ["session_id: once already exists"] * 2
     check_log(await log.read("once"))
+
+
+async def test_a_session_at_rest_holds_no_task_and_a_message_wakes_it() -> None:
+    log = MemoryLog()
+    chat = ScriptedChat([text_response("first"), text_response("second")])
+    async with Host(chat=chat, log=log) as host:
+        session_id = await host.start(SPEC, "one")
+        assert (await settle(host, session_id)).text == "first"
+        session = host._sessions[session_id]
+        assert not session.running
+        # Looking at a session at rest does not start a task for it.
+        await host.status(session_id)
+        await host.events(session_id)
+        assert not session.running
+        await host.send(session_id, "two")
+        assert session.running
+        info = await settle(host, session_id)
+        assert (info.status, info.text) == ("idle", "second")
+        assert not session.running
+    check_log(await log.read(session_id))

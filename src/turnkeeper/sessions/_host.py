@@ -468,8 +468,12 @@ class Host:
                 raise UnknownSession(f"session {session_id} cannot be rebuilt: {exc}") from None
             session = self._sessions.setdefault(session_id, read)
             self._note(session)
-        # A session with work and no task (recovered, or read from the log) gets one.
-        if self._status(session) == "running":
+        # A session with work and no task (recovered, or read from the log) gets one; so
+        # does one whose MCP servers are not open yet, which may answer its pending calls.
+        state = session.state
+        if self._status(session) == "running" or (
+            state.status == "requires_action" and state.spec.mcp_servers and session.mcp is None
+        ):
             self._spawn(session)
         return session
 

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import gc
 import itertools
 import json
 import sqlite3
 import sys
+import threading
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -16,7 +20,8 @@ from hypothesis import strategies as st
 
 from tests.events.test_logs import envelope, run
 from turnkeeper.events import Envelope, LogCorrupt, LogError, SeqError
-from turnkeeper.events._log import SeqConflict
+from turnkeeper.events import _sqlite_log as sqlite_log
+from turnkeeper.events._log import Batch, SeqConflict
 from turnkeeper.events._sqlite_log import SqliteLog
 
 
@@ -275,3 +280,329 @@ async def test_any_bytes_as_the_file_raise_only_log_errors(tmp_path: Path, data:
             assert await log.read("s1") == [envelope("s1", 1)]
     except LogError:
         pass
+
+
+@pytest.fixture
+def small_pages(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reads fetch three rows at a time, so a few events span several pages."""
+    monkeypatch.setattr(sqlite_log, "_PAGE", 3)
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("small_pages")
+async def test_reads_span_pages_with_any_after_and_limit(tmp_path: Path) -> None:
+    async with SqliteLog(tmp_path / "log.db") as log:
+        for first in range(1, 11, 2):
+            await log.append(run("s1", first, 2), expected_seq=first - 1)
+            await log.append(run("s2", first, 2), expected_seq=first - 1)
+        everything = await log.read_all()
+        assert [e for _, e in everything if e.session_id == "s1"] == run("s1", 1, 10)
+        for after in range(12):
+            for limit in (None, 1, 2, 3, 4, 7, 11):
+                expected = run("s1", 1, 10)[after:]
+                assert await log.read("s1", after=after, limit=limit) == expected[:limit]
+                position = everything[after - 1][0] if after else 0
+                window = everything[after:] if limit is None else everything[after : after + limit]
+                assert await log.read_all(after=position, limit=limit) == window
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("small_pages")
+async def test_a_bad_row_on_a_later_page_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "log.db"
+    async with SqliteLog(path) as log:
+        await log.append(run("s1", 1, 10), expected_seq=0)
+    execute(path, "UPDATE events SET body = substr(body, 1, 40) WHERE seq = 8")
+    async with SqliteLog(path) as log:
+        with pytest.raises(LogCorrupt, match="session s1 seq 8: not an event envelope"):
+            await log.read("s1")
+        with pytest.raises(LogCorrupt, match="session s1 seq 8"):
+            await log.read_all()
+        assert await log.read("s1", limit=7) == run("s1", 1, 7)
+    execute(path, "DELETE FROM events WHERE seq = 8")
+    async with SqliteLog(path) as log:
+        with pytest.raises(SeqError, match=r"session s1: seq 9 .*expected seq 8"):
+            await log.read("s1")
+
+
+def bodies(path: Path) -> list[bytes]:
+    connection = sqlite3.connect(path)
+    try:
+        return [row[0] for row in connection.execute("SELECT body FROM events ORDER BY pos")]
+    finally:
+        connection.close()
+
+
+def set_body(path: Path, seq: int, body: bytes | str) -> None:
+    connection = sqlite3.connect(path, isolation_level=None)
+    try:
+        connection.execute("UPDATE events SET body = ? WHERE seq = ?", (body, seq))
+    finally:
+        connection.close()
+
+
+@pytest.mark.anyio
+async def test_a_body_holding_two_envelopes_is_log_corrupt(tmp_path: Path) -> None:
+    path = tmp_path / "log.db"
+    async with SqliteLog(path) as log:
+        await log.append(run("s1", 1, 3), expected_seq=0)
+    first, second, _ = bodies(path)
+    set_body(path, 2, second + b"," + first)
+    async with SqliteLog(path) as log:
+        with pytest.raises(LogCorrupt, match="session s1 seq 2: not an event envelope"):
+            await log.read("s1")
+        with pytest.raises(LogCorrupt, match="session s1 seq 2"):
+            await log.read_all()
+
+
+@pytest.mark.anyio
+async def test_bodies_that_complete_each_other_are_log_corrupt(tmp_path: Path) -> None:
+    # Joined into one array, these two rows read as the envelopes their columns name; each
+    # alone is not an envelope, and that is what counts.
+    path = tmp_path / "log.db"
+    async with SqliteLog(path) as log:
+        await log.append(run("s1", 1, 3), expected_seq=0)
+    _, second, third = bodies(path)
+    set_body(path, 2, second[:-1] + b',"x":[0')
+    set_body(path, 3, b"1]}," + third)
+    async with SqliteLog(path) as log:
+        with pytest.raises(LogCorrupt, match="session s1 seq 2: not an event envelope"):
+            await log.read("s1")
+        with pytest.raises(LogCorrupt, match="session s1 seq 2"):
+            await log.read_all()
+
+
+@pytest.mark.anyio
+async def test_a_body_stored_as_text_reads_as_before(tmp_path: Path) -> None:
+    path = tmp_path / "log.db"
+    async with SqliteLog(path) as log:
+        await log.append(run("s1", 1, 3), expected_seq=0)
+    execute(path, "UPDATE events SET body = CAST(body AS TEXT) WHERE seq = 2")
+    async with SqliteLog(path) as log:
+        assert await log.read("s1") == run("s1", 1, 3)
+        assert [e for _, e in await log.read_all()] == run("s1", 1, 3)
+
+
+@pytest.mark.anyio
+async def test_reads_leave_the_garbage_collector_as_they_found_it(tmp_path: Path) -> None:
+    path = tmp_path / "log.db"
+    async with SqliteLog(path) as log:
+        await log.append(run("s1", 1, 3), expected_seq=0)
+    set_body(path, 3, b"{")
+    async with SqliteLog(path) as log:
+        assert gc.isenabled()
+        with pytest.raises(LogCorrupt):
+            await log.read("s1")
+        assert gc.isenabled()
+        assert await log.read("s1", limit=2) == run("s1", 1, 2)
+        assert gc.isenabled()
+        gc.disable()
+        try:
+            assert await log.read("s1", limit=2) == run("s1", 1, 2)
+            assert not gc.isenabled()
+        finally:
+            gc.enable()
+
+
+@pytest.mark.anyio
+async def test_another_writer_between_two_appends_is_seen(tmp_path: Path) -> None:
+    path = tmp_path / "log.db"
+    async with SqliteLog(path) as log, SqliteLog(path) as other:
+        await log.append(run("s1", 1, 2), expected_seq=0)
+        await other.append(run("s1", 3, 1), expected_seq=2)
+        with pytest.raises(SeqConflict) as conflict:
+            await log.append(run("s1", 3, 1), expected_seq=2)
+        assert conflict.value.actual == 3
+        await log.append(run("s1", 4, 1), expected_seq=3)
+        await other.append(run("s2", 1, 1), expected_seq=0)
+        with pytest.raises(SeqConflict):
+            await log.append(run("s2", 1, 1), expected_seq=0)
+        assert await other.read("s1") == run("s1", 1, 4)
+
+
+WRITER = """
+import sys
+import anyio
+from tests.events.test_logs import run
+from turnkeeper.events._sqlite_log import SqliteLog
+
+async def main() -> None:
+    async with SqliteLog(sys.argv[1]) as log:
+        await log.append(run("s1", 2, 2), expected_seq=1)
+        await log.append(run("s2", 1, 1), expected_seq=0)
+
+anyio.run(main)
+"""
+
+
+@pytest.mark.anyio
+async def test_another_process_writing_between_two_appends_is_seen(tmp_path: Path) -> None:
+    path = tmp_path / "log.db"
+    async with SqliteLog(path) as log:
+        await log.append(run("s1", 1, 1), expected_seq=0)
+        await anyio.run_process([sys.executable, "-c", WRITER, str(path)])
+        with pytest.raises(SeqConflict) as conflict:
+            await log.append(run("s1", 2, 1), expected_seq=1)
+        assert conflict.value.actual == 3
+        with pytest.raises(SeqConflict) as created:
+            await log.append(run("s2", 1, 1), expected_seq=0)
+        assert created.value.actual == 1
+        await log.append(run("s1", 4, 1), expected_seq=3)
+        assert await log.read("s1") == run("s1", 1, 4)
+
+
+class FailsAfterCommit:
+    """The writer's connection, but the next COMMIT reports an error after it has committed."""
+
+    def __init__(self, connection: sqlite3.Connection) -> None:
+        self.connection = connection
+        self.armed = True
+
+    def execute(self, sql: str, *parameters: Any) -> sqlite3.Cursor:
+        cursor = self.connection.execute(sql, *parameters)
+        if sql == "COMMIT" and self.armed:
+            self.armed = False
+            raise sqlite3.OperationalError("disk I/O error (after the commit)")
+        return cursor
+
+    def executemany(self, sql: str, rows: Any) -> sqlite3.Cursor:
+        return self.connection.executemany(sql, rows)
+
+    @property
+    def in_transaction(self) -> bool:
+        return self.connection.in_transaction
+
+    def close(self) -> None:
+        self.connection.close()
+
+
+@pytest.mark.anyio
+async def test_after_a_failed_commit_the_writer_asks_the_file_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with SqliteLog(tmp_path / "log.db") as log:
+        await log.append(run("s1", 1, 1), expected_seq=0)
+        monkeypatch.setattr(log, "_writer", FailsAfterCommit(log._writer))
+        with pytest.raises(LogError, match="disk I/O error"):
+            await log.append(run("s1", 2, 1), expected_seq=1)
+        # The append did land: the writer must not trust what it remembered before it.
+        with pytest.raises(SeqConflict) as conflict:
+            await log.append(run("s1", 2, 1), expected_seq=1)
+        assert conflict.value.actual == 2
+        await log.append(run("s1", 3, 1), expected_seq=2)
+        assert await log.read("s1") == run("s1", 1, 3)
+
+
+@pytest.mark.anyio
+async def test_remembered_last_seqs_are_bounded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sqlite_log, "_KNOWN_SESSIONS", 2)
+    async with SqliteLog(tmp_path / "log.db") as log:
+        for seq in range(1, 4):
+            for index in range(5):
+                await log.append([envelope(f"s{index}", seq)], expected_seq=seq - 1)
+                assert len(log._last_seqs) <= 3
+        with pytest.raises(SeqConflict):
+            await log.append([envelope("s0", 3)], expected_seq=2)
+        for index in range(5):
+            assert await log.read(f"s{index}") == run(f"s{index}", 1, 3)
+
+
+class HeldCommits:
+    """Stands in for a log's `_commit`: each call waits in its worker thread until released."""
+
+    def __init__(self, commit: Callable[[list[Batch]], list[LogError | None]]) -> None:
+        self.commit = commit
+        self.entered = threading.Semaphore(0)
+        self.release = threading.Event()
+        self.rounds: list[list[str]] = []
+
+    def __call__(self, batches: list[Batch]) -> list[LogError | None]:
+        self.rounds.append([f"{batch.session_id}@{batch.expected_seq}" for batch in batches])
+        self.entered.release()
+        self.release.wait()
+        return self.commit(batches)
+
+    async def wait_entered(self) -> None:
+        await anyio.to_thread.run_sync(self.entered.acquire)
+
+
+@pytest.mark.anyio
+async def test_appends_during_a_commit_share_the_next_round_and_conflict_in_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    outcomes: dict[str, str] = {}
+
+    async def append(log: SqliteLog, name: str, events: list[Envelope], expected: int) -> None:
+        try:
+            await log.append(events, expected_seq=expected)
+            outcomes[name] = "ok"
+        except SeqConflict as exc:
+            outcomes[name] = f"conflict at {exc.actual}"
+
+    async with SqliteLog(tmp_path / "log.db") as log:
+        held = HeldCommits(log._commit)
+        monkeypatch.setattr(log, "_commit", held)
+        async with anyio.create_task_group() as group:
+            group.start_soon(append, log, "first", run("s0", 1, 1), 0)
+            await held.wait_entered()
+            for index in range(20):
+                group.start_soon(append, log, f"s{index + 1}", run(f"s{index + 1}", 1, 2), 0)
+            await anyio.wait_all_tasks_blocked()
+            group.start_soon(append, log, "twin", run("s1", 1, 1), 0)
+            await anyio.wait_all_tasks_blocked()
+            held.release.set()
+        assert outcomes.pop("twin") == "conflict at 2"
+        assert set(outcomes.values()) == {"ok"}
+        assert [len(batches) for batches in held.rounds] == [1, 21]
+        assert log.commits == 2
+        for index in range(1, 21):
+            assert await log.read(f"s{index}") == run(f"s{index}", 1, 2)
+
+
+@pytest.mark.anyio
+async def test_cancelling_appends_in_a_committing_or_gathering_round_spares_the_others(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    scopes: dict[str, anyio.CancelScope] = {}
+    outcomes: dict[str, str] = {}
+
+    async def append(log: SqliteLog, session_id: str) -> None:
+        with anyio.CancelScope() as scope:
+            scopes[session_id] = scope
+            await log.append(run(session_id, 1, 2), expected_seq=0)
+            outcomes[session_id] = "ok"
+        if scope.cancelled_caught:
+            outcomes[session_id] = "cancelled"
+
+    async with SqliteLog(tmp_path / "log.db") as log:
+        held = HeldCommits(log._commit)
+        monkeypatch.setattr(log, "_commit", held)
+        async with anyio.create_task_group() as group:
+            # Round one: three appends (one of them leads), taken and held in the worker thread.
+            for session_id in ("a", "b", "c"):
+                group.start_soon(append, log, session_id)
+            await held.wait_entered()
+            # Round two gathers behind it; its leader (the first) waits for round one.
+            group.start_soon(append, log, "lead")
+            await anyio.wait_all_tasks_blocked()
+            for session_id in ("d", "e"):
+                group.start_soon(append, log, session_id)
+            await anyio.wait_all_tasks_blocked()
+            for session_id in ("a", "b", "lead", "d"):
+                scopes[session_id].cancel()
+            await anyio.wait_all_tasks_blocked()
+            held.release.set()
+        assert [sorted(batches) for batches in held.rounds] == [
+            ["a@0", "b@0", "c@0"],
+            ["e@0", "lead@0"],
+        ]
+        assert outcomes["c"] == outcomes["e"] == "ok"
+        assert outcomes["d"] == "cancelled"
+        # A cancelled append whose round was taken was written, and a cancelled leader still
+        # commits its round; a cancelled append still gathering was not written.
+        for session_id in ("a", "b", "c", "lead", "e"):
+            assert await log.read(session_id) == run(session_id, 1, 2)
+        assert await log.last_seq("d") == 0
+        await log.append(run("d", 1, 2), expected_seq=0)

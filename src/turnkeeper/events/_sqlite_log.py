@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -12,7 +15,7 @@ import anyio
 
 from turnkeeper.events._errors import LogCorrupt, LogError, SeqError
 from turnkeeper.events._events import Envelope
-from turnkeeper.events._jsonl import decode_envelope
+from turnkeeper.events._jsonl import decode_envelope, decode_envelopes
 from turnkeeper.events._log import Batch, EventLog, SeqConflict
 
 _T = TypeVar("_T")
@@ -43,10 +46,15 @@ _READ = (
 _READ_ALL = "SELECT pos, session_id, seq, body FROM events WHERE pos > ? ORDER BY pos LIMIT ?"
 _SESSIONS = "SELECT session_id FROM sessions ORDER BY id"
 _BUSY_TIMEOUT_MS = 5000
+# Rows per read: large enough that the worker-thread hop is cheap next to decoding the
+# page, small enough that decoding one (on the event loop) stays within milliseconds.
+_PAGE = 4096
+# Sessions whose last seq the writer remembers; past this it starts again from empty.
+_KNOWN_SESSIONS = 100_000
 
 
 class _Pending:
-    """An append waiting for a group commit, and its outcome once committed."""
+    """An append waiting for its round's transaction, and its outcome once settled."""
 
     __slots__ = ("batch", "done", "error")
 
@@ -56,21 +64,39 @@ class _Pending:
         self.error: LogError | None = None
 
 
+class _Round:
+    """Appends committed together in one transaction; `settled` is set once each has its outcome."""
+
+    __slots__ = ("pendings", "settled")
+
+    def __init__(self, first: _Pending) -> None:
+        self.pendings = [first]
+        self.settled = anyio.Event()
+
+
 class SqliteLog(EventLog):
     """An event log in the SQLite file at `path` (created if missing), in WAL mode.
 
-    Group commit: appends that arrive while a transaction is being committed queue
-    up, and the next transaction commits all of them at once, so many sessions share
-    one fsync. Each append's expected seq is checked inside that transaction; a
-    conflict fails only that append. `commits` counts the transactions committed.
+    Group commit: appends that arrive while a transaction is being committed gather in
+    the next round, and the next transaction commits all of them at once, so many
+    sessions share one fsync. The first append of a round leads it: it waits for the
+    round before, then commits its round's appends in a worker thread while the others
+    wait for the round to settle, each woken once. Each append's expected seq is checked
+    inside the transaction; a conflict fails only that append. `commits` counts the
+    transactions committed.
+
+    The writer remembers each session's last seq after its own commits, so a round needs
+    no query per append. The memory is trusted only while `PRAGMA data_version` says no
+    other connection (another process, say) has committed to the file since.
 
     Durability: `synchronous=FULL` fsyncs the WAL on every commit, so an append that
     has returned survives power loss, not only a crash of the process (with NORMAL,
     WAL commits since the last checkpoint can be lost); group commit pays for it.
 
     All database work runs in worker threads: writes on one connection, reads on a
-    second, so reads never see a transaction in progress. Other processes may read
-    the file while this one writes. Positions are the events' row ids, increasing in
+    second, so reads never see a transaction in progress. Reads fetch pages of raw rows
+    there and decode them on the calling thread, a page in one pass. Other processes may
+    read the file while this one writes. Positions are the events' row ids, increasing in
     commit order and never reused.
     """
 
@@ -78,14 +104,18 @@ class SqliteLog(EventLog):
     _reader: sqlite3.Connection
     _write_limiter: anyio.CapacityLimiter
     _read_limiter: anyio.CapacityLimiter
-    _round_done: anyio.Event
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         super().__init__()
         self.path = Path(path)
         self.commits = 0
-        self._queue: list[_Pending] = []
-        self._committing = False
+        # The round taking appends (its leader has not started the commit yet), if any.
+        self._open_round: _Round | None = None
+        # The round whose transaction is in progress, if any.
+        self._committing: _Round | None = None
+        # Written and read only by _commit, in the writer's thread.
+        self._last_seqs: dict[str, int] = {}
+        self._data_version: int | None = None
 
     def __repr__(self) -> str:
         return f"SqliteLog({str(self.path)!r})"
@@ -96,102 +126,137 @@ class SqliteLog(EventLog):
         self._writer, self._reader = await anyio.to_thread.run_sync(_connect, self.path)
 
     async def _close(self) -> None:
-        while self._committing or self._queue:
-            if self._committing:
-                await self._round_done.wait()
-            else:
-                await self._commit_round()
+        while (round_ := self._open_round or self._committing) is not None:
+            await round_.settled.wait()
         await anyio.to_thread.run_sync(self._reader.close, limiter=self._read_limiter)
         await anyio.to_thread.run_sync(self._writer.close, limiter=self._write_limiter)
 
     async def _append(self, batch: Batch) -> None:
         pending = _Pending(batch)
-        self._queue.append(pending)
-        try:
-            while not pending.done:
-                if self._committing:
-                    await self._round_done.wait()
-                else:
-                    await self._commit_round()
-        finally:
-            if not pending.done and pending in self._queue:
-                self._queue.remove(pending)
+        round_ = self._open_round
+        if round_ is None:
+            round_ = self._open_round = _Round(pending)
+            await self._lead(round_)
+        else:
+            round_.pendings.append(pending)
+            try:
+                await round_.settled.wait()
+            except BaseException:
+                # Cancelled before its round was taken: it is not written.
+                if round_ is self._open_round:
+                    round_.pendings.remove(pending)
+                raise
+        if not pending.done:
+            raise LogError(f"{self.path}: append failed unexpectedly")
         if pending.error is not None:
             raise pending.error
 
-    async def _commit_round(self) -> None:
-        """Commit every queued append in one transaction and settle each one's outcome."""
-        self._committing = True
-        round_done = self._round_done = anyio.Event()
-        taken: list[_Pending] = []
-        outcomes: list[LogError | None] = []
-        try:
-            # Whoever leads the round finishes it, even if cancelled: the others wait on it.
-            with anyio.CancelScope(shield=True):
-                # Appenders that are ready to run (woken by the last round, say) join this one.
+    async def _lead(self, round_: _Round) -> None:
+        """Commit `round_` after the round before it, and settle each of its appends."""
+        # Shielded: the round's other appenders wait on its leader, so it finishes even if
+        # cancelled (waiting at most for one round before it).
+        with anyio.CancelScope(shield=True):
+            try:
+                previous = self._committing
+                if previous is not None:
+                    await previous.settled.wait()
+                # Appenders that are ready to run (woken by the round before, say) join this one.
                 await anyio.lowlevel.checkpoint()
-                taken, self._queue = self._queue, []
-                outcomes = [LogError(f"{self.path}: append failed unexpectedly") for _ in taken]
-                if taken:
-                    outcomes = await anyio.to_thread.run_sync(
-                        self._commit,
-                        [pending.batch for pending in taken],
-                        limiter=self._write_limiter,
-                    )
-        finally:
-            for pending, outcome in zip(taken, outcomes, strict=True):
-                pending.done = True
-                pending.error = outcome
-            self._committing = False
-            round_done.set()
+                self._open_round = None
+                self._committing = round_
+                pendings = round_.pendings
+                outcomes = await anyio.to_thread.run_sync(
+                    self._commit,
+                    [pending.batch for pending in pendings],
+                    limiter=self._write_limiter,
+                )
+                for pending, outcome in zip(pendings, outcomes, strict=True):
+                    pending.done = True
+                    pending.error = outcome
+            finally:
+                if self._open_round is round_:
+                    self._open_round = None
+                if self._committing is round_:
+                    self._committing = None
+                round_.settled.set()
 
     def _commit(self, batches: list[Batch]) -> list[LogError | None]:
         """In a worker thread: write every batch whose expected seq holds, in one transaction."""
         connection = self._writer
+        known = self._last_seqs
         outcomes: list[LogError | None] = []
+        written: dict[str, int] = {}
+        new_sessions: list[tuple[str]] = []
+        rows: list[tuple[str, int, float, str, bytes]] = []
         try:
             connection.execute("BEGIN IMMEDIATE")
             try:
+                (version,) = connection.execute("PRAGMA data_version").fetchone()
+                if version != self._data_version:
+                    # Another connection has committed since this one last looked.
+                    known.clear()
+                    self._data_version = version
                 for batch in batches:
-                    actual = _last_seq(connection, self.path, batch.session_id)
+                    session_id = batch.session_id
+                    actual = written.get(session_id)
+                    if actual is None:
+                        actual = known.get(session_id)
+                        if actual is None:
+                            actual = _last_seq(connection, self.path, session_id)
                     if actual != batch.expected_seq:
-                        outcomes.append(SeqConflict(batch.session_id, batch.expected_seq, actual))
+                        outcomes.append(SeqConflict(session_id, batch.expected_seq, actual))
                         continue
                     if actual == 0:
-                        connection.execute(_INSERT_SESSION, (batch.session_id,))
-                    connection.executemany(
-                        _INSERT_EVENT,
-                        [
-                            (envelope.session_id, envelope.seq, envelope.at, envelope.type, line)
-                            for envelope, line in zip(batch.events, batch.lines, strict=True)
-                        ],
-                    )
+                        new_sessions.append((session_id,))
+                    for envelope, line in zip(batch.events, batch.lines, strict=True):
+                        rows.append((session_id, envelope.seq, envelope.at, envelope.type, line))
+                    written[session_id] = batch.events[-1].seq
                     outcomes.append(None)
+                connection.executemany(_INSERT_SESSION, new_sessions)
+                connection.executemany(_INSERT_EVENT, rows)
                 connection.execute("COMMIT")
             except BaseException:
                 if connection.in_transaction:
                     connection.execute("ROLLBACK")
                 raise
         except sqlite3.Error as exc:
+            self._forget_last_seqs()
             return [_error(self.path, exc) for _ in batches]
         except LogCorrupt as exc:
+            self._forget_last_seqs()
             return [LogCorrupt(str(exc)) for _ in batches]
-        if None in outcomes:
+        if rows:
             self.commits += 1
+            if len(known) > _KNOWN_SESSIONS:
+                known.clear()
+            known.update(written)
         return outcomes
 
+    def _forget_last_seqs(self) -> None:
+        """After a failed transaction, learn each session's last seq from the file again."""
+        self._last_seqs.clear()
+        self._data_version = None
+
     async def _read(self, session_id: str, after: int, limit: int | None) -> list[Envelope]:
-        def read(connection: sqlite3.Connection) -> list[Envelope]:
-            rows = connection.execute(_READ, (session_id, after, _sql_limit(limit))).fetchall()
-            events = [_decode_row(self.path, *row) for row in rows]
-            for expected, envelope in enumerate(events, start=after + 1):
-                if envelope.seq != expected:
-                    error = SeqError(session_id, envelope.seq, expected)
+        events: list[Envelope] = []
+        while True:
+            size = _PAGE if limit is None else min(limit - len(events), _PAGE)
+            parameters = (session_id, after + len(events), size)
+            rows = await self._on_reader(partial(_fetch, _READ, parameters))
+            with _gc_paused():
+                page = _decode_page(self.path, rows)
+            expected = after + len(events) + 1
+            for (_, seq, _), envelope in zip(rows, page, strict=True):
+                if envelope.session_id != session_id or envelope.seq != seq:
+                    raise _mismatch(self.path, session_id, seq, envelope)
+                if seq != expected:
+                    error = SeqError(session_id, seq, expected)
                     error.args = (f"{self.path}: {error}",)
                     raise error
-            return events
-
-        return await self._on_reader(read)
+                expected += 1
+            events.extend(page)
+            if len(rows) < size or len(events) == limit:
+                return events
 
     async def _last_seq(self, session_id: str) -> int:
         return await self._on_reader(
@@ -209,11 +274,21 @@ class SqliteLog(EventLog):
         return await self._on_reader(sessions)
 
     async def _read_all(self, after: int, limit: int | None) -> list[tuple[int, Envelope]]:
-        def read_all(connection: sqlite3.Connection) -> list[tuple[int, Envelope]]:
-            rows = connection.execute(_READ_ALL, (after, _sql_limit(limit))).fetchall()
-            return [(pos, _decode_row(self.path, *rest)) for pos, *rest in rows]
-
-        return await self._on_reader(read_all)
+        # Page after page by position: each commit's rows follow every earlier commit's, so
+        # the pages join into what one read at the end would have returned (with a limit).
+        found: list[tuple[int, Envelope]] = []
+        while True:
+            size = _PAGE if limit is None else min(limit - len(found), _PAGE)
+            rows = await self._on_reader(partial(_fetch, _READ_ALL, (after, size)))
+            with _gc_paused():
+                page = _decode_page(self.path, rows)
+                for (position, session_id, seq, _), envelope in zip(rows, page, strict=True):
+                    if envelope.session_id != session_id or envelope.seq != seq:
+                        raise _mismatch(self.path, session_id, seq, envelope)
+                    found.append((position, envelope))
+            if len(rows) < size or len(found) == limit:
+                return found
+            after = found[-1][0]
 
     async def _on_reader(self, work: Callable[[sqlite3.Connection], _T]) -> _T:
         """Run `work` on the read connection in a worker thread, one at a time."""
@@ -297,6 +372,24 @@ def _last_seq(connection: sqlite3.Connection, path: Path, session_id: str) -> in
     return seq
 
 
+def _fetch(query: str, parameters: tuple[object, ...], connection: sqlite3.Connection) -> list[Any]:
+    """In a worker thread: a page of rows, the body last."""
+    with _gc_paused():
+        return connection.execute(query, parameters).fetchall()
+
+
+def _decode_page(path: Path, rows: list[Any]) -> list[Envelope]:
+    """The envelopes in a page of rows (the body last, after its session id and seq).
+
+    All the bodies decode in one pass unless one of them is bad; then each row decodes
+    alone, so the error names the first bad one. The caller checks the columns.
+    """
+    try:
+        return decode_envelopes([row[-1] for row in rows])
+    except LogCorrupt:
+        return [_decode_row(path, *row[-3:]) for row in rows]
+
+
 def _decode_row(path: Path, session_id: Any, seq: Any, body: Any) -> Envelope:
     """The envelope stored in a row; LogCorrupt unless it decodes and matches its columns."""
     try:
@@ -304,16 +397,35 @@ def _decode_row(path: Path, session_id: Any, seq: Any, body: Any) -> Envelope:
     except LogCorrupt as exc:
         raise LogCorrupt(f"{path}: session {session_id} seq {seq}: {exc}") from None
     if envelope.session_id != session_id or envelope.seq != seq:
-        raise LogCorrupt(
-            f"{path}: session {session_id} seq {seq}: body holds session "
-            f"{envelope.session_id} seq {envelope.seq} instead"
-        )
+        raise _mismatch(path, session_id, seq, envelope)
     return envelope
 
 
-def _sql_limit(limit: int | None) -> int:
-    # SQLite reads a negative LIMIT as no limit.
-    return -1 if limit is None else limit
+def _mismatch(path: Path, session_id: Any, seq: Any, envelope: Envelope) -> LogCorrupt:
+    return LogCorrupt(
+        f"{path}: session {session_id} seq {seq}: body holds session "
+        f"{envelope.session_id} seq {envelope.seq} instead"
+    )
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Hold off the cycle collector while a page of events is decoded.
+
+    Each event decodes into a few containers the collector tracks, so a page of them
+    would set off several collections, each walking every tracked object in the process
+    (Mercurial's `nogc` does the same for bulk loads). Nothing decoded here forms a
+    cycle; the collector sees the objects once it runs again. If another thread turns
+    the collector off meanwhile, this turns it back on: only timing differs.
+    """
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 def _error(path: Path, exc: sqlite3.Error) -> LogError:

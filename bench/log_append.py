@@ -1,13 +1,19 @@
-"""Durable append throughput of the event logs, for 1, 10 and 500 concurrent appenders.
+"""Durable append throughput of the event logs, for 1 to 1,000 concurrent appenders.
 
 Each appender is one session appending a turn's worth of events (a model response
 and a tool call) at a time, each append durable before the next. Prints appends/s,
-commits (transactions or fsynced writes)/s, appends per commit and append latency.
-Figures, not assertions. Run: `python bench/log_append.py` (trio, as the service runs).
+commits (transactions or fsynced writes)/s, appends per commit and append latency
+(p50, p99). Figures, not assertions.
+
+    python bench/log_append.py [--seconds 3] [--appenders 1,10,100,1000]
+        [--logs sqlite,jsonl] [--backend trio]
+
+trio is the default backend, as the service runs.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import sqlite3
 import statistics
@@ -22,9 +28,6 @@ from turnkeeper.events import Envelope, ModelResponded, ToolCalled, Usage
 from turnkeeper.events._jsonl_log import JsonlLog
 from turnkeeper.events._log import EventLog
 from turnkeeper.events._sqlite_log import SqliteLog
-
-SECONDS = 3.0
-APPENDERS = (1, 10, 500)
 
 
 def turn(session_id: str, seq: int) -> list[Envelope]:
@@ -63,10 +66,10 @@ def turn(session_id: str, seq: int) -> list[Envelope]:
     ]
 
 
-async def measure(log: EventLog, commits: Callable[[], int], appenders: int) -> str:
-    """Run `appenders` sessions appending turns for SECONDS; one line of figures."""
+async def measure(log: EventLog, commits: Callable[[], int], appenders: int, seconds: float) -> str:
+    """Run `appenders` sessions appending turns for `seconds`; one line of figures."""
     latencies: list[float] = []
-    deadline = time.perf_counter() + SECONDS
+    deadline = time.perf_counter() + seconds
 
     async def appender(session_id: str) -> None:
         seq = 0
@@ -93,25 +96,41 @@ async def measure(log: EventLog, commits: Callable[[], int], appenders: int) -> 
     )
 
 
-async def main() -> None:
+async def main(args: argparse.Namespace) -> None:
+    appender_counts = [int(count) for count in args.appenders.split(",")]
     print(
-        f"event log appends, {SECONDS:.0f} s per row, 2 events per append, "
-        f"{os.cpu_count()} cores, SQLite {sqlite3.sqlite_version}, trio"
+        f"event log appends, {args.seconds:g} s per row, 2 events per append, "
+        f"{os.cpu_count()} cores, SQLite {sqlite3.sqlite_version}, {args.backend}"
     )
     header = f"{'appenders':>9} {'appends/s':>10} {'events/s':>9} {'commits/s':>10} "
     header += f"{'per commit':>10} {'p50 ms':>8} {'p99 ms':>8}"
+    kinds = args.logs.split(",")
     with tempfile.TemporaryDirectory() as directory:
-        print("\nSqliteLog (WAL, synchronous=FULL, group commit)")
-        print(header)
-        async with SqliteLog(Path(directory) / "log.db") as sqlite_log:
-            for appenders in APPENDERS:
-                print(await measure(sqlite_log, lambda: sqlite_log.commits, appenders))
-        print("\nJsonlLog (one file per session, fsync per append)")
-        print(header)
-        async with JsonlLog(Path(directory) / "jsonl") as jsonl_log:
-            for appenders in APPENDERS:
-                print(await measure(jsonl_log, lambda: jsonl_log.commits, appenders))
+        if "sqlite" in kinds:
+            print("\nSqliteLog (WAL, synchronous=FULL, group commit)")
+            print(header)
+            async with SqliteLog(Path(directory) / "log.db") as sqlite_log:
+                for appenders in appender_counts:
+                    line = await measure(
+                        sqlite_log, lambda: sqlite_log.commits, appenders, args.seconds
+                    )
+                    print(line, flush=True)
+        if "jsonl" in kinds:
+            print("\nJsonlLog (one file per session, fsync per append)")
+            print(header)
+            async with JsonlLog(Path(directory) / "jsonl") as jsonl_log:
+                for appenders in appender_counts:
+                    line = await measure(
+                        jsonl_log, lambda: jsonl_log.commits, appenders, args.seconds
+                    )
+                    print(line, flush=True)
 
 
 if __name__ == "__main__":
-    anyio.run(main, backend="trio")
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--appenders", default="1,10,100,1000")
+    parser.add_argument("--logs", default="sqlite,jsonl")
+    parser.add_argument("--backend", default="trio", choices=["trio", "asyncio"])
+    arguments = parser.parse_args()
+    anyio.run(main, arguments, backend=arguments.backend)

@@ -76,10 +76,9 @@ def check_batch(events: Sequence[Envelope], expected_seq: int) -> Batch:
     # null), a field of the wrong type or a payload value JSON cannot hold as it is (a
     # tuple, a non-string key, bytes) would read back differently or not at all, and only
     # walking every value could tell; msgspec's decode of the whole batch at once is the
-    # cheapest such walk. Each line is one complete JSON value, so the array holds as many
-    # envelopes as there are lines.
+    # cheapest such walk.
     try:
-        decoded = decode_envelopes(b"[" + b",".join(lines) + b"]")
+        decoded = decode_envelopes(lines)
     except LogCorrupt:
         for envelope, line in zip(events, lines, strict=True):
             try:

@@ -1,8 +1,10 @@
 """Host admission control (`max_model_calls`) and the cheap paths of a turn: starting a
-session without a log read, a single tool call run inline."""
+session without a log read, a session at rest without a task, appends that are never
+cancelled halfway without a shield around each."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import anyio
@@ -17,7 +19,7 @@ from tests.sessions.host_worker import (
     step_text,
     stepper,
 )
-from turnkeeper.events import InputError
+from turnkeeper.events import Envelope, InputError
 from turnkeeper.events._memory_log import MemoryLog
 from turnkeeper.providers import ScriptedChat, text_response
 from turnkeeper.sessions import Host
@@ -188,15 +190,72 @@ async def test_a_session_at_rest_holds_no_task_and_a_message_wakes_it() -> None:
     async with Host(chat=chat, log=log) as host:
         session_id = await host.start(SPEC, "one")
         assert (await settle(host, session_id)).text == "first"
-        session = host._sessions[session_id]
-        assert not session.running
+
+        def running() -> bool:
+            return host._sessions[session_id].running
+
+        assert not running()
         # Looking at a session at rest does not start a task for it.
         await host.status(session_id)
         await host.events(session_id)
-        assert not session.running
+        assert not running()
         await host.send(session_id, "two")
-        assert session.running
+        assert running()
         info = await settle(host, session_id)
         assert (info.status, info.text) == ("idle", "second")
-        assert not session.running
+        assert not running()
     check_log(await log.read(session_id))
+
+
+class GatedLog(MemoryLog):
+    """A MemoryLog that, once it has logged a model response, holds the append until the
+    gate opens: the events are in the log, the append has not returned."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered = anyio.Event()
+        self.gate = anyio.Event()
+
+    async def append(self, events: Sequence[Envelope], *, expected_seq: int) -> None:
+        await super().append(events, expected_seq=expected_seq)
+        if any(e.type == "local.model_response" for e in events) and not self.gate.is_set():
+            self.entered.set()
+            await self.gate.wait()
+
+
+async def test_cancel_in_the_middle_of_an_append_waits_for_it() -> None:
+    log = GatedLog()
+    async with Host(chat=ScriptedChat([text_response("hi")]), log=log) as host:
+        session_id = await host.start(SPEC, "hello")
+        await log.entered.wait()
+        async with anyio.create_task_group() as group:
+            group.start_soon(host.cancel, session_id, "too slow")
+            await anyio.sleep(0.01)
+            assert (await host.status(session_id)).status == "running"
+            log.gate.set()
+        assert (await host.status(session_id)).status == "cancelled"
+        events = await log.read(session_id)
+        assert [e.type for e in events][-2:] == ["local.model_response", "local.cancelled"]
+        assert check_log(events) == host._sessions[session_id].state
+
+
+async def test_a_host_cancelled_from_outside_mid_append_keeps_its_state_equal_to_the_log() -> None:
+    log = GatedLog()
+
+    async def open_later() -> None:
+        await log.entered.wait()
+        await anyio.sleep(0.05)
+        log.gate.set()
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(open_later)
+        with anyio.CancelScope() as outer:
+            async with Host(chat=ScriptedChat([text_response("hi")]), log=log) as host:
+                session_id = await host.start(SPEC, "hello")
+                await log.entered.wait()
+                outer.cancel()
+                await anyio.sleep_forever()
+    assert outer.cancelled_caught
+    events = await log.read(session_id)
+    assert events[-1].type == "local.model_response"
+    assert check_log(events) == host._sessions[session_id].state

@@ -152,8 +152,11 @@ class _Session:
         self.changed: anyio.Event | None = None
         self.rested: anyio.Event | None = None
         self.done = anyio.Event()
-        # The session task's scope, cancelled by cancel() and by stop() after the grace.
+        # The session task's scope. Shielded, so that only the host cancels the task
+        # (`_end_task`), never in the middle of one of its appends.
         self.scope: anyio.CancelScope | None = None
+        self.appending = False
+        self.ending = False
         self.running = False
         self.errored = errored
         self.error: str | None = None
@@ -354,7 +357,7 @@ class Host:
                 ToolReturned(tool_call_id=r.tool_use_id, text=r.text, is_error=r.is_error)
                 for r in results
             ]
-            await self._commit_events(session, events)
+            await self._commit_events(session, events, own=False)
         self._wake(session)
 
     async def retry(self, session_id: str) -> None:
@@ -372,11 +375,11 @@ class Host:
             return
         session.cancelling = reason
         if session.running and session.scope is not None:
-            session.scope.cancel()
+            self._end_task(session)
             await session.done.wait()
         if session.state.status not in ("cancelled", "failed"):
             async with session.lock:
-                await self._commit_events(session, [Cancelled(reason=reason)])
+                await self._commit_events(session, [Cancelled(reason=reason)], own=False)
 
     async def status(self, session_id: str) -> SessionInfo:
         """The session as it is now."""
@@ -425,10 +428,11 @@ class Host:
                         await session.done.wait()
         finally:
             # Each session's own scope, not the task group's: the `async with` body runs
-            # inside the group's scope and must survive an explicit stop().
+            # inside the group's scope and must survive an explicit stop(). Also the way
+            # out when the host is cancelled from outside: the sessions are shielded.
             for session in self._sessions.values():
                 if session.scope is not None:
-                    session.scope.cancel()
+                    self._end_task(session)
         if self._owns_log:
             await self.log.close()
 
@@ -490,12 +494,20 @@ class Host:
 
     async def _run(self, session: _Session) -> None:
         """Supervise the session in a scope of its own, which cancel() cancels, and stop()
-        after the grace."""
+        after the grace (or when the host is cancelled)."""
+        session.ending = False
         try:
-            with anyio.CancelScope() as session.scope:
+            with anyio.CancelScope(shield=True) as session.scope:
                 await self._supervise(session)
         finally:
             session.scope = None
+
+    def _end_task(self, session: _Session) -> None:
+        """Cancel the session's task, or, in the middle of one of its appends, as soon as
+        the append returns."""
+        session.ending = True
+        if session.scope is not None and not session.appending:
+            session.scope.cancel()
 
     async def _supervise(self, session: _Session) -> None:
         """Run the session's actor; restart it from the log when it crashes."""
@@ -785,33 +797,63 @@ class Host:
 
     # -- logging and notification -----------------------------------------------------------
 
-    async def _commit_events(self, session: _Session, events: Sequence[AnyEvent]) -> None:
+    async def _commit_events(
+        self, session: _Session, events: Sequence[AnyEvent], *, own: bool = True
+    ) -> None:
         """Log `events` as the session's next seqs and apply them (caller holds the lock)."""
         state = session.state
         envelopes: list[Envelope] = []
         for event in events:
             envelope, state = emit(state, event, at=self.clock())
             envelopes.append(envelope)
-        await self._commit(session, envelopes, state)
+        await self._commit(session, envelopes, state, own=own)
 
     async def _commit(
-        self, session: _Session, events: Sequence[Envelope], state: SessionState
+        self,
+        session: _Session,
+        events: Sequence[Envelope],
+        state: SessionState,
+        *,
+        own: bool = True,
     ) -> None:
-        """Make `events` durable, then make `state` (which they lead to) the session's."""
+        """Make `events` durable, then make `state` (which they lead to) the session's.
+        `own`: called in the session's task (else in a caller's, the API's)."""
         if events:
-            await self._append(session.state.session_id, events, expected_seq=session.state.seq)
+            await self._append(
+                session.state.session_id,
+                events,
+                expected_seq=session.state.seq,
+                task_of=session if own else None,
+            )
             if session.span is not None:
                 session.span.record(events)
         session.state = state
         self._note(session)
 
     async def _append(
-        self, session_id: str, events: Sequence[Envelope], *, expected_seq: int
+        self,
+        session_id: str,
+        events: Sequence[Envelope],
+        *,
+        expected_seq: int,
+        task_of: _Session | None = None,
     ) -> None:
+        """Log `events`, uncancelled: a cancelled append could leave the log ahead of the
+        state we keep. In the task of session `task_of`, which only `_end_task` cancels,
+        that waits for the append (cheaper than a shield on every turn); in any other
+        task, the append is shielded."""
         started = time.perf_counter()
-        # Shielded: a cancelled append could leave the log ahead of the state we keep.
-        with anyio.CancelScope(shield=True):
-            await self.log.append(events, expected_seq=expected_seq)
+        if task_of is None:
+            with anyio.CancelScope(shield=True):
+                await self.log.append(events, expected_seq=expected_seq)
+        else:
+            task_of.appending = True
+            try:
+                await self.log.append(events, expected_seq=expected_seq)
+            finally:
+                task_of.appending = False
+                if task_of.ending:
+                    self._end_task(task_of)
         self.append_seconds.append(time.perf_counter() - started)
         if len(self.append_seconds) > 10_000:
             del self.append_seconds[:5_000]

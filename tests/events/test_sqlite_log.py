@@ -606,3 +606,18 @@ async def test_cancelling_appends_in_a_committing_or_gathering_round_spares_the_
             assert await log.read(session_id) == run(session_id, 1, 2)
         assert await log.last_seq("d") == 0
         await log.append(run("d", 1, 2), expected_seq=0)
+
+
+@pytest.mark.anyio
+async def test_rounds_of_any_size_land_whole(tmp_path: Path) -> None:
+    # Rows go in by statements of 64, 32, ..., 1 rows: these sizes use each of them.
+    sizes = [1, 2, 3, 63, 64, 65, 127, 130, 200]
+    async with SqliteLog(tmp_path / "log.db") as log:
+        async with anyio.create_task_group() as group:
+            for size in sizes:
+                group.start_soon(partial(log.append, run(f"s{size}", 1, size), expected_seq=0))
+        for size in sizes:
+            await log.append(run(f"s{size}", size + 1, size), expected_seq=size)
+        for size in sizes:
+            assert await log.read(f"s{size}") == run(f"s{size}", 1, 2 * size)
+        assert len(await log.read_all()) == 2 * sum(sizes)

@@ -49,23 +49,25 @@ def decode_envelope(data: bytes | str, *, line: int | None = None) -> Envelope:
         raise _not_envelopes(exc, line) from None
 
 
-def decode_envelopes(parts: Sequence[bytes]) -> list[Envelope]:
+def decode_envelopes(parts: Sequence[bytes], *, encoded_here: bool = False) -> list[Envelope]:
     """Envelopes from JSON texts of one envelope each, decoded in one pass.
 
     One decode of the parts joined into a JSON array is far cheaper than one per part.
     A part that is not exactly one JSON value (cut short, say, or two values) raises
     LogCorrupt, naming no part: decode the parts one by one to find it. Parts cannot
     complete each other: a first pass measures each element of the array, and each must
-    span its whole part, so the array's elements are the parts themselves.
+    span its whole part, so the array's elements are the parts themselves. Parts
+    `encoded_here` (by `encode_envelope`) are whole by construction and skip that pass.
     """
     try:
         data = b"[" + b",".join(parts) + b"]"
     except TypeError:
         raise LogCorrupt("expected bytes for every part") from None
     try:
-        spans = _spans_decoder.decode(data)
-        if list(map(len, spans)) != list(map(len, parts)):
-            raise LogCorrupt("not one JSON value per part")
+        if not encoded_here:
+            spans = _spans_decoder.decode(data)
+            if list(map(len, spans)) != list(map(len, parts)):
+                raise LogCorrupt("not one JSON value per part")
         return _array_decoder.decode(data)
     except _DECODE_FAILURES as exc:
         raise _not_envelopes(exc, None) from None

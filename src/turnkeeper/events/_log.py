@@ -78,7 +78,7 @@ def check_batch(events: Sequence[Envelope], expected_seq: int) -> Batch:
     # walking every value could tell; msgspec's decode of the whole batch at once is the
     # cheapest such walk.
     try:
-        decoded = decode_envelopes(lines)
+        decoded = decode_envelopes(lines, encoded_here=True)
     except LogCorrupt:
         for envelope, line in zip(events, lines, strict=True):
             try:

@@ -428,13 +428,13 @@ def _mismatch(path: Path, session_id: Any, seq: Any, envelope: Envelope) -> LogC
 
 @contextmanager
 def _gc_paused() -> Iterator[None]:
-    """Hold off the cycle collector while a page of events is decoded.
+    """Hold off the cycle collector while a page of rows is fetched or decoded.
 
-    Each event decodes into a few containers the collector tracks, so a page of them
+    Each row and event makes a few containers the collector tracks, so a page of them
     would set off several collections, each walking every tracked object in the process
-    (Mercurial's `nogc` does the same for bulk loads). Nothing decoded here forms a
-    cycle; the collector sees the objects once it runs again. If another thread turns
-    the collector off meanwhile, this turns it back on: only timing differs.
+    (Mercurial's `nogc` does the same for bulk loads). Nothing made here forms a cycle;
+    the collector sees the objects once it runs again. The switch is process-wide: code
+    that turns the collector off while a page is being read finds it back on after.
     """
     if not gc.isenabled():
         yield

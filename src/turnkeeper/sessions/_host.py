@@ -586,7 +586,7 @@ class Host:
             if not session.errored:
                 progressed = True
                 if state.in_poll:
-                    pass
+                    pass  # Its model call is made below.
                 elif state.status == "running":
                     await self._poll(session, Resume())
                 elif state.status == "requires_action":

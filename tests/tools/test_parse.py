@@ -463,3 +463,34 @@ def test_round_trip_inside_prose(
     assert parse_tool_calls(reply) == ParsedReply(
         content="I will do that now.", calls=tuple(calls), unreadable=False
     )
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        '{"name": "note", "arguments": {"text": "<think>"}}',
+        '{"name": "note", "arguments": {"text": "</think> then <think>"}}',
+        '<tool_call>{"name": "note", "arguments": {"text": "a <think>b</think>"}}</tool_call>',
+        "<think>The user wants a note.</think>\n"
+        '{"name": "note", "arguments": {"text": "</think>"}}',
+        'Reasoning first.</think>{"name": "note", "arguments": {"text": "<think>"}}',
+    ],
+)
+def test_think_tags_inside_a_call_are_its_text(reply: str) -> None:
+    parsed = parse_tool_calls(reply)
+    assert not parsed.unreadable
+    assert parsed.content is None
+    (call,) = parsed.calls
+    assert call.name == "note"
+    assert call.arguments["text"] in reply
+
+
+def test_reasoning_blocks_that_start_a_line_are_dropped_with_the_calls_in_them() -> None:
+    reply = (
+        '<think>\nMaybe {"name": "x", "arguments": {}}\n</think>\nLet me check.\n'
+        '<think>Or {"name": "y", "arguments": {}}</think>\n'
+        '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+    )
+    assert parse_tool_calls(reply) == ParsedReply(
+        content="Let me check.", calls=(WEATHER,), unreadable=False
+    )

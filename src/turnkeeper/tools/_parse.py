@@ -47,6 +47,7 @@ _Calls = list[ParsedCall] | _Verdict
 
 _THINK_OPEN: Final = "<think>"
 _THINK_CLOSE: Final = "</think>"
+_THINK_BLOCK: Final = re.compile(r"^[ \t]*<think>.*?(?:</think>|\Z)", re.MULTILINE | re.DOTALL)
 _TAG_OPEN: Final = "<tool_call>"
 _TAG_CLOSE: Final = "</tool_call>"
 _PYTHON_TAG: Final = "<|python_tag|>"
@@ -80,28 +81,53 @@ _OPENERS: Final = {"(": ")", "[": "]", "{": "}"}
 
 def parse_tool_calls(text: str) -> ParsedReply:
     """Split a model's text reply into prose and the tool calls written in it."""
-    visible = _strip_think(text)
+    if _THINK_OPEN in text or _THINK_CLOSE in text:
+        # The tags may be a call's own text (an argument that mentions them): then they
+        # are read as written, and only tags outside every call mark reasoning.
+        raw = _parse(text)
+        if raw.calls and not raw.unreadable and _tags_only_in_calls(text, raw):
+            return raw
+    return _parse(_strip_think(text))
+
+
+def _parse(visible: str) -> ParsedReply:
     whole = _whole_reply_call(visible.strip())
     if whole is not None:
         return whole
     return _Scan(visible).run()
 
 
+def _tags_only_in_calls(text: str, reply: ParsedReply) -> bool:
+    """Whether every think tag in `text` can be one inside the calls read from it."""
+    if reply.content is not None and _tags_in(reply.content):
+        return False
+    inside = sum(_tags_in(call.name) + _tags_in_value(call.arguments) for call in reply.calls)
+    return _tags_in(text) <= inside
+
+
+def _tags_in(text: str) -> int:
+    return text.count(_THINK_OPEN) + text.count(_THINK_CLOSE)
+
+
+def _tags_in_value(value: object) -> int:
+    if isinstance(value, str):
+        return _tags_in(value)
+    if isinstance(value, dict):
+        return sum(_tags_in_value(key) + _tags_in_value(item) for key, item in value.items())
+    if isinstance(value, list | tuple):
+        return sum(_tags_in_value(item) for item in value)
+    return 0
+
+
 def _strip_think(text: str) -> str:
-    """Drop `<think>` blocks, an unclosed trailing one, and reasoning before a lone `</think>`."""
+    """Drop reasoning: everything before a lone first `</think>`, then each `<think>` block
+    that starts a line (to its `</think>`, or to the end when it is never closed). A tag
+    inside a line is text: a call's arguments may hold one, and JSON or Python literals
+    never hold a raw newline."""
     first_close = text.find(_THINK_CLOSE)
-    if first_close != -1 and not 0 <= text.find(_THINK_OPEN) < first_close:
+    if first_close != -1 and _THINK_OPEN not in text[:first_close]:
         text = text[first_close + len(_THINK_CLOSE) :]
-    parts: list[str] = []
-    pos = 0
-    while (start := text.find(_THINK_OPEN, pos)) != -1:
-        parts.append(text[pos:start])
-        end = text.find(_THINK_CLOSE, start + len(_THINK_OPEN))
-        if end == -1:
-            return "".join(parts)
-        pos = end + len(_THINK_CLOSE)
-    parts.append(text[pos:])
-    return "".join(parts)
+    return _THINK_BLOCK.sub("", text)
 
 
 def _whole_reply_call(reply: str) -> ParsedReply | None:

@@ -238,6 +238,29 @@ async def test_a_full_mailbox_is_busy_and_queued_messages_are_kept() -> None:
         await check_consistent(host, log, session_id)
 
 
+async def test_a_message_queued_while_busy_is_logged_and_survives_the_host() -> None:
+    log = MemoryLog()
+    gate = Gate(text_response("never sent"))
+    async with Host(chat=gate, log=log, stop_grace=0.01) as host:
+        session_id = await host.start(SPEC, "first")
+        await gate.entered.wait()
+        await host.send(session_id, "second")
+        assert (await host.status(session_id)).queued == 1
+    # The host stopped (its model call cut short) before the message was delivered.
+    assert gate.cancelled
+    logged = await log.read(session_id)
+    assert types(logged)[-2:] == ["local.user_message", "local.message_queued"]
+
+    chat = ScriptedChat([text_response("first answer"), text_response("second answer")])
+    async with Host(chat=chat, log=log) as host:
+        info = await settle(host, session_id)
+        assert (info.status, info.text, info.queued) == ("idle", "second answer", 0)
+        events = await log.read(session_id)
+        texts = [e.event.text for e in events if isinstance(e.event, MessageReceived)]
+        assert texts == ["first", "second"]
+        await check_consistent(host, log, session_id)
+
+
 async def test_unknown_sessions_are_named() -> None:
     async with Host(chat=ScriptedChat([])) as host:
         for call in (

@@ -32,6 +32,7 @@ from turnkeeper.events import (
     InputError,
     LogError,
     McpFailed,
+    MessageQueued,
     ReplayError,
     SeqConflict,
     SessionState,
@@ -131,8 +132,10 @@ class _Session:
 
     def __init__(self, state: SessionState, *, errored: bool = False) -> None:
         self.state = state
-        # A list, not a deque: it is short, and an empty deque costs 10 times the memory.
-        self.mailbox: list[tuple[str, object | None]] = []
+        # The trace context each queued message was sent in, oldest first. The queue itself
+        # is `state.queued` (logged); this list, not a deque: an empty deque costs ten
+        # times the memory.
+        self.contexts: list[tuple[str, object | None]] = []
         self.mcp: McpTools | None = None
         self.span: AgentSpan | None = None
         self.span_exit: AbstractContextManager[AgentSpan] | None = None
@@ -163,6 +166,14 @@ class _Session:
         self.crashes: list[float] = []
         self.cancelling: str | None = None
         self.status: HostStatus | None = None
+
+    def context_of(self, text: str) -> object | None:
+        """The trace context the oldest queued `text` was sent in (None after a restart)."""
+        for index, (queued, context) in enumerate(self.contexts):
+            if queued == text:
+                del self.contexts[index]
+                return context
+        return None
 
     def refusal(self, state: SessionState, use: ToolUse) -> str | None:
         """Why `use`, pending in `state`, must not run, or None; each call is checked once."""
@@ -337,9 +348,30 @@ class Host:
                 f"session {session_id} is waiting for the results of tool calls {ids}; "
                 "submit them first"
             )
-        if len(session.mailbox) >= self.mailbox_size:
-            raise Busy(f"session {session_id}: mailbox full ({self.mailbox_size} messages queued)")
-        session.mailbox.append((text, capture_context()))
+        # Logged before the sender hears back, so an accepted message survives a crash: as
+        # the next request when the session is at rest, else queued behind its work.
+        async with session.lock:
+            state = session.state
+            if (
+                not session.running
+                and not state.in_poll
+                and not state.queued
+                and state.status in ("idle", "halted")
+            ):
+                events, state, _ = begin_poll(
+                    state, UserMessage(text), now=self.clock(), guard=self.guard
+                )
+                self._count_events(events)
+                await self._commit(session, events, state, own=False)
+                session.opening = (text, capture_context())
+            elif len(state.queued) >= self.mailbox_size:
+                raise Busy(
+                    f"session {session_id}: mailbox full ({self.mailbox_size} messages queued)"
+                )
+            else:
+                await self._commit_events(session, [MessageQueued(text=text)], own=False)
+                session.contexts.append((text, capture_context()))
+                del session.contexts[: -self.mailbox_size]
         session.errored = False
         self._note(session)
         self._wake(session)
@@ -591,11 +623,11 @@ class Host:
                     await self._poll(session, Resume())
                 elif state.status == "requires_action":
                     progressed = await self._advance_tools(session)
-                elif session.mailbox:
-                    text, context = session.mailbox[0]
+                elif state.queued:
+                    text = state.queued[0]
                     self._close_span(session)
-                    session.span = self._open_span(session, text, context)
-                    await self._poll(session, UserMessage(text), from_mailbox=True)
+                    session.span = self._open_span(session, text, session.context_of(text))
+                    await self._poll(session, UserMessage(text))
                 else:
                     progressed = False
                 if progressed:
@@ -724,30 +756,13 @@ class Host:
                 await self._commit_events(session, failures)
         return [results[use.id] for use in uses]
 
-    async def _poll(self, session: _Session, given: Input, *, from_mailbox: bool = False) -> None:
+    async def _poll(self, session: _Session, given: Input) -> None:
         """Log the poll's input and guard events (the caller makes its model call). A
-        message leaves the mailbox only once it is logged (so the session never looks idle
-        with a message in hand)."""
+        queued message leaves the queue in the same commit (its `local.user_message`)."""
         async with session.lock:
-            try:
-                events, state, _ = begin_poll(
-                    session.state, given, now=self.clock(), guard=self.guard
-                )
-            except InputError as exc:
-                if not from_mailbox:
-                    raise
-                session.mailbox.pop(0)
-                _log.error(
-                    "session.message_refused", session_id=session.state.session_id, error=str(exc)
-                )
-                # With the message gone the session may be at rest: tell the waiters.
-                self._note(session)
-                return
+            events, state, _ = begin_poll(session.state, given, now=self.clock(), guard=self.guard)
             self._count_events(events)
             await self._commit(session, events, state)
-            if from_mailbox:
-                session.mailbox.pop(0)
-                self._note(session)
 
     async def _call_model(self, session: _Session) -> None:
         """Make the model call of the poll in flight and log its answer (or its failure)."""
@@ -765,34 +780,42 @@ class Host:
                 # Its request is logged: the host's next start makes the call.
                 slots.release()
                 return
-        state = session.state
         self._count("model_calls")
         response: object = None
+        failure: ChatError | None = None
         with collecting_events() as reported:
             try:
-                try:
-                    response = await self.chat(build_request(state))
-                finally:
-                    if slots is not None:
-                        slots.release()
-                events, ended = end_poll(
-                    state, response, now=self.clock(), guard=self.guard, reported=reported
-                )
+                response = await self.chat(build_request(session.state))
             except ChatError as error:
+                failure = error
+            finally:
+                if slots is not None:
+                    slots.release()
+        async with session.lock:
+            # The state as it is now: messages may have been queued during the call.
+            state = session.state
+            if failure is None:
+                try:
+                    events, ended = end_poll(
+                        state, response, now=self.clock(), guard=self.guard, reported=reported
+                    )
+                except ChatError as error:
+                    failure = error
+            if failure is not None:
                 self._count("chat_errors")
-                failed = failure_events(state, error, reported, at=self.clock(), response=response)
-                async with session.lock:
-                    await self._commit(session, list(failed), _advance_seq(state, len(failed)))
+                failed = failure_events(
+                    state, failure, reported, at=self.clock(), response=response
+                )
+                await self._commit(session, list(failed), _advance_seq(state, len(failed)))
                 session.errored = True
-                session.error = error.message
+                session.error = failure.message
                 self._note(session)
                 return
-        self._count_events(events)
-        local = [use for use in ended.pending if self._runs_here(session, ended, use)]
-        for event in self._announce(session, ended, local):
-            envelope, ended = emit(ended, event, at=self.clock())
-            events.append(envelope)
-        async with session.lock:
+            self._count_events(events)
+            local = [use for use in ended.pending if self._runs_here(session, ended, use)]
+            for event in self._announce(session, ended, local):
+                envelope, ended = emit(ended, event, at=self.clock())
+                events.append(envelope)
             await self._commit(session, events, ended)
 
     # -- logging and notification -----------------------------------------------------------
@@ -935,7 +958,7 @@ class Host:
             return "running"
         if state.status == "requires_action":
             return "requires_action" if self._outstanding(session) else "running"
-        if session.mailbox:
+        if state.queued:
             return "running"
         return "halted" if state.status == "halted" else "idle"
 
@@ -959,7 +982,7 @@ class Host:
             usage=state.usage,
             polls=state.polls,
             seq=state.seq,
-            queued=len(session.mailbox),
+            queued=len(state.queued),
             error=session.error if status in ("errored", "failed") else None,
         )
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -16,6 +17,9 @@ from turnkeeper.events import InputError
 
 if TYPE_CHECKING:
     from turnkeeper.service import Listening
+
+
+_GC_THRESHOLD = 50_000
 
 
 class ServeOptions(msgspec.Struct, frozen=True):
@@ -45,6 +49,10 @@ async def serve_command(options: ServeOptions) -> int:
     from turnkeeper.service import TOKEN_VARIABLE, serve
 
     tracing.configure_from_env()
+    # A worker holds every session's state: with Python's first threshold (700), each
+    # turn's short-lived objects set off collections that end in full ones over all of
+    # it, which at thousands of sessions take most of the time (see bench/host.py).
+    gc.set_threshold(_GC_THRESHOLD, *gc.get_threshold()[1:])
     token = await _given_token(options)
     made_up = token is None and not os.environ.get(TOKEN_VARIABLE)
 

@@ -14,15 +14,25 @@ from turnkeeper.guards import (
     Guard,
     GuardView,
     Halt,
+    Phase,
     Reply,
     SelfAnswer,
     Verdict,
+    budget,
     compose,
+    consecutive_errors,
+    correct_reply,
     default_guards,
     duplicate_calls,
     final_turn,
+    loop_detection,
     max_turns,
+    repair,
+    restate_request,
+    resume_next_step,
+    terminal_tool,
 )
+from turnkeeper.guards._view import acts_in, phases_of
 from turnkeeper.sessions import open_session
 
 SPEC = AgentSpec(tools=(ToolSpec("search"), ToolSpec("finish")), terminal_tool="finish")
@@ -168,3 +178,38 @@ def test_a_default_halt_stops_a_custom_guard_after_it() -> None:
     free = msgspec.structs.replace(spent, state=msgspec.structs.replace(spent.state, guards=config))
     assert [d.text for d in guard(free).directives] == ["never"]
     assert later.seen == [free]
+
+
+PHASE_OF: dict[Guard, Phase] = {
+    max_turns: "before_call",
+    budget: "before_call",
+    loop_detection: "before_call",
+    consecutive_errors: "before_call",
+    resume_next_step: "before_call",
+    restate_request: "before_call",
+    final_turn: "before_call",
+    duplicate_calls: "after_response",
+    repair: "after_response",
+    correct_reply: "after_response",
+    terminal_tool: "after_response",
+}
+
+
+def test_each_built_in_guard_acts_in_its_one_phase_and_continues_in_the_other() -> None:
+    looping = session(repeats=2, warned_repeats=0, polls=3, max_turns=3)
+    reply = Reply({"role": "assistant", "content": "done"}, "done", (), "stop", Usage())
+    for guard, phase in PHASE_OF.items():
+        assert phases_of(guard) == {phase}, guard
+        other: Phase = "after_response" if phase == "before_call" else "before_call"
+        assert guard(GuardView(other, looping, 0.0, reply=reply)) is CONTINUE, guard
+    assert phases_of(default_guards) == {"before_call", "after_response"}
+
+
+def test_compose_runs_a_marked_guard_only_in_its_phase() -> None:
+    marked = Recorder()
+    acts_in("after_response")(marked)
+    unmarked = Recorder()
+    composed = compose(marked, unmarked)
+    composed(VIEW)
+    assert (marked.seen, unmarked.seen) == ([], [VIEW])
+    assert phases_of(compose(max_turns, final_turn)) == {"before_call"}

@@ -112,6 +112,7 @@ def repair(view: GuardView) -> Verdict:
     return Verdict(halt=Halt("repair", "bad_tool_calls", with_last_result(state, lead)))
 
 
+@acts_in("before_call")
 def consecutive_errors(view: GuardView) -> Verdict:
     """Tell the model to fix the error of a tool that has now failed `threshold` times in a row."""
     state = view.state

@@ -21,24 +21,29 @@ def compose(*guards: Guard) -> Guard:
     by_phase = {phase: [g for g in guards if phase in phases_of(g)] for phase in PHASES}
 
     def composed(view: GuardView) -> Verdict:
-        directives: list[Directive] = []
-        answers: list[SelfAnswer] = []
+        # Lists only once a guard has something to say: most polls, none has.
+        directives: list[Directive] | None = None
+        answers: list[SelfAnswer] | None = None
         replacement: Directive | None = None
         for guard in by_phase.get(view.phase, guards):
             verdict = guard(view)
             if verdict is CONTINUE:
                 continue
-            answers.extend(verdict.self_answers)
+            if verdict.self_answers:
+                answers = [*(answers or ()), *verdict.self_answers]
             if verdict.halt is not None or verdict.finish is not None:
                 return Verdict(
-                    self_answers=tuple(answers), halt=verdict.halt, finish=verdict.finish
+                    self_answers=tuple(answers or ()), halt=verdict.halt, finish=verdict.finish
                 )
-            directives.extend(verdict.directives)
+            if verdict.directives:
+                directives = [*(directives or ()), *verdict.directives]
             replacement = replacement or verdict.replacement
-        if not directives and not answers and replacement is None:
+        if directives is None and answers is None and replacement is None:
             return CONTINUE
         return Verdict(
-            directives=tuple(directives), self_answers=tuple(answers), replacement=replacement
+            directives=tuple(directives or ()),
+            self_answers=tuple(answers or ()),
+            replacement=replacement,
         )
 
     composed.__name__ = (

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Sequence
+from operator import itemgetter
 from typing import Any
 
 import msgspec
@@ -44,6 +45,7 @@ from turnkeeper.providers._chat import Chat as Chat
 from turnkeeper.sessions._inputs import Input, Kickoff, Resume, UserMessage
 
 _json = msgspec.json.Encoder()
+_second = itemgetter(1)
 
 
 def opened_event(state: SessionState) -> SessionOpened:
@@ -96,7 +98,7 @@ def begin_poll(
         log.push(MessageReceived(text=text), now)
     elif isinstance(input, Resume):
         results = _match_results(state, input)
-        log.push(ToolResultsReceived(results=tuple(result for _, result in results)), now)
+        log.push(ToolResultsReceived(results=tuple(map(_second, results))), now)
     else:
         raise InputError(f"input: expected Kickoff, UserMessage or Resume, got {input!r:.80}")
     verdict = guard(GuardView("before_call", log.state, now, results=results))
@@ -293,9 +295,9 @@ def check_response(response: object, *, call_prefix: str) -> tuple[Message, str 
 
 
 def _check_calls(calls: list[Any], call_prefix: str) -> tuple[list[Any], bool]:
-    """The tool calls with ids and types filled in, and whether any needed it."""
-    fixed_calls: list[Any] = []
-    changed = False
+    """The tool calls with ids and types filled in, and whether any needed it (the list
+    itself when none did)."""
+    fixed: list[Any] | None = None
     ids: set[str] = set()
     for index, call in enumerate(calls):
         if not isinstance(call, dict):
@@ -308,14 +310,16 @@ def _check_calls(calls: list[Any], call_prefix: str) -> tuple[list[Any], bool]:
             raise _malformed(f"choices[0].message.tool_calls[{index}].function.name is missing")
         call_id = call.get("id")
         if not isinstance(call_id, str) or not call_id or call_id in ids:
-            call = {**call, "id": f"{call_prefix}_{index}"}
-            changed = True
+            call_id = f"{call_prefix}_{index}"
+            call = {**call, "id": call_id}
+            fixed = fixed if fixed is not None else calls[:index]
         if call.get("type") != "function":
             call = {**call, "type": "function"}
-            changed = True
-        ids.add(call["id"])
-        fixed_calls.append(call)
-    return fixed_calls, changed
+            fixed = fixed if fixed is not None else calls[:index]
+        ids.add(call_id)
+        if fixed is not None:
+            fixed.append(call)
+    return (calls, False) if fixed is None else (fixed, True)
 
 
 def _usage(response: dict[str, Any]) -> Usage:

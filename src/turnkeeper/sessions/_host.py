@@ -67,6 +67,7 @@ from turnkeeper.tools._handlers import (
     as_handler,
     check_call,
     coerce_call,
+    run_each,
     run_tool,
 )
 from turnkeeper.tools._mcp import McpPool, McpTools
@@ -358,11 +359,7 @@ class Host:
                 and not state.queued
                 and state.status in ("idle", "halted")
             ):
-                events, state, _ = begin_poll(
-                    state, UserMessage(text), now=self.clock(), guard=self.guard
-                )
-                self._count_events(events)
-                await self._commit(session, events, state, own=False)
+                await self._begin_poll(session, UserMessage(text), own=False)
                 session.opening = (text, capture_context())
             elif len(state.queued) >= self.mailbox_size:
                 raise Busy(
@@ -744,13 +741,7 @@ class Host:
             if result.is_error:
                 self._count("tool_errors")
 
-        if len(uses) == 1:
-            # The common case needs no task group (about a tenth of a turn's CPU time).
-            await one(uses[0])
-        else:
-            async with anyio.create_task_group() as group:
-                for use in uses:
-                    group.start_soon(one, use)
+        await run_each(one, uses)
         if failures:
             async with session.lock:
                 await self._commit_events(session, failures)
@@ -760,9 +751,13 @@ class Host:
         """Log the poll's input and guard events (the caller makes its model call). A
         queued message leaves the queue in the same commit (its `local.user_message`)."""
         async with session.lock:
-            events, state, _ = begin_poll(session.state, given, now=self.clock(), guard=self.guard)
-            self._count_events(events)
-            await self._commit(session, events, state)
+            await self._begin_poll(session, given)
+
+    async def _begin_poll(self, session: _Session, given: Input, *, own: bool = True) -> None:
+        """Log `given` and the guard events before its model call (caller holds the lock)."""
+        events, state, _ = begin_poll(session.state, given, now=self.clock(), guard=self.guard)
+        self._count_events(events)
+        await self._commit(session, events, state, own=own)
 
     async def _call_model(self, session: _Session) -> None:
         """Make the model call of the poll in flight and log its answer (or its failure)."""

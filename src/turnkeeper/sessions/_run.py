@@ -45,6 +45,7 @@ from turnkeeper.tools._handlers import (
     as_handler,
     check_call,
     coerce_call,
+    run_each,
     run_tool,
 )
 from turnkeeper.tools._mcp import McpPool, McpTools
@@ -137,13 +138,7 @@ class _Runner:
                 )
             results[use.id] = result
 
-        if len(uses) == 1:
-            # The common case needs no task group (two event-loop cycles per round trip).
-            await one(uses[0])
-        else:
-            async with anyio.create_task_group() as group:
-                for use in uses:
-                    group.start_soon(one, use)
+        await run_each(one, uses)
         return tuple(results[use.id] for use in uses)
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -116,3 +116,16 @@ async def run_tool(
         return ToolResult(
             use.id, f"{use.name} returned {type(value).__name__}, not text: {exc}", is_error=True
         )
+
+
+async def run_each(
+    func: Callable[[ToolUse], Coroutine[Any, Any, None]], uses: Sequence[ToolUse]
+) -> None:
+    """Run `func` on every call at once; a lone call (the usual case) runs inline, since a
+    task group costs about a tenth of a turn's CPU time."""
+    if len(uses) == 1:
+        await func(uses[0])
+        return
+    async with anyio.create_task_group() as group:
+        for use in uses:
+            group.start_soon(func, use)

@@ -128,10 +128,7 @@ def _pending_of(history: tuple[Message, ...]) -> tuple[tuple[ToolUse, ...], Stat
             answered.add(str(message.get("tool_call_id")))
             continue
         if role == "assistant":
-            try:
-                uses = tool_uses_of(message)
-            except (KeyError, TypeError, AttributeError) as exc:
-                raise InputError(f"history: malformed assistant tool_calls ({exc!r})") from None
+            uses = _history_calls(message)
             pending = tuple(use for use in uses if use.id not in answered)
             if pending:
                 return pending, "requires_action"
@@ -145,11 +142,16 @@ def _last_reply_calls(history: tuple[Message, ...]) -> tuple[ToolUse, ...]:
     """The tool calls of the last assistant message in a reattached history."""
     for message in reversed(history):
         if message.get("role") == "assistant":
-            try:
-                return tool_uses_of(message)
-            except (KeyError, TypeError, AttributeError) as exc:
-                raise InputError(f"history: malformed assistant tool_calls ({exc!r})") from None
+            return _history_calls(message)
     return ()
+
+
+def _history_calls(message: Message) -> tuple[ToolUse, ...]:
+    """The tool calls of an assistant message in a given history; InputError if malformed."""
+    try:
+        return tool_uses_of(message)
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise InputError(f"history: malformed assistant tool_calls ({exc!r})") from None
 
 
 def _answer(result: ToolResult) -> Message:
@@ -174,19 +176,23 @@ def _closed(state: SessionState, why: str) -> tuple[Message, ...]:
 
 def apply_event(state: SessionState, envelope: Envelope) -> SessionState:
     """The state after `envelope`; raises SeqError or ReplayError when it does not follow."""
-    if envelope.session_id != state.session_id:
-        raise ReplayError(
-            f"event seq {envelope.seq} belongs to session {envelope.session_id}, "
-            f"not {state.session_id}"
-        )
     seq = envelope.seq
-    if seq != state.seq + 1:
-        raise SeqError(state.session_id, seq, state.seq + 1)
+    if envelope.session_id != state.session_id or seq != state.seq + 1:
+        raise _out_of_order(state.session_id, state.seq + 1, envelope)
     event = envelope.event
     rule = _RULES.get(type(event))
     if rule is None:
         return _replace(state, seq=seq)
     return rule(state, event, envelope)
+
+
+def _out_of_order(session_id: str, expected: int, envelope: Envelope) -> ReplayError | SeqError:
+    """Why `envelope` cannot be the next event of session `session_id` (at seq `expected`)."""
+    if envelope.session_id != session_id:
+        return ReplayError(
+            f"event seq {envelope.seq} belongs to session {envelope.session_id}, not {session_id}"
+        )
+    return SeqError(session_id, envelope.seq, expected)
 
 
 _replace = msgspec.structs.replace
@@ -485,13 +491,8 @@ def fold(state: SessionState, events: Iterable[Envelope]) -> SessionState:
     seq = state.seq
     rules = _RULES
     for envelope in events:
-        if envelope.session_id != session_id:
-            raise ReplayError(
-                f"event seq {envelope.seq} belongs to session {envelope.session_id}, "
-                f"not {session_id}"
-            )
-        if envelope.seq != seq + 1:
-            raise SeqError(session_id, envelope.seq, seq + 1)
+        if envelope.session_id != session_id or envelope.seq != seq + 1:
+            raise _out_of_order(session_id, seq + 1, envelope)
         seq = envelope.seq
         rule = rules.get(type(envelope.event))
         if rule is not None:

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from tests.events.test_logs import envelope, run
 from turnkeeper.events import Envelope, LogCorrupt, LogError, SeqError
 from turnkeeper.events import _sqlite_log as sqlite_log
+from turnkeeper.events import _sqlite_writer as sqlite_writer
 from turnkeeper.events._log import Batch, SeqConflict
 from turnkeeper.events._sqlite_log import SqliteLog
 
@@ -482,7 +483,8 @@ async def test_after_a_failed_commit_the_writer_asks_the_file_again(
 ) -> None:
     async with SqliteLog(tmp_path / "log.db") as log:
         await log.append(run("s1", 1, 1), expected_seq=0)
-        monkeypatch.setattr(log, "_writer", FailsAfterCommit(log._writer))
+        writer = log._writer
+        monkeypatch.setattr(writer, "_connection", FailsAfterCommit(writer._connection))
         with pytest.raises(LogError, match="disk I/O error"):
             await log.append(run("s1", 2, 1), expected_seq=1)
         # The append did land: the writer must not trust what it remembered before it.
@@ -497,12 +499,12 @@ async def test_after_a_failed_commit_the_writer_asks_the_file_again(
 async def test_remembered_last_seqs_are_bounded(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(sqlite_log, "_KNOWN_SESSIONS", 2)
+    monkeypatch.setattr(sqlite_writer, "_KNOWN_SESSIONS", 2)
     async with SqliteLog(tmp_path / "log.db") as log:
         for seq in range(1, 4):
             for index in range(5):
                 await log.append([envelope(f"s{index}", seq)], expected_seq=seq - 1)
-                assert len(log._last_seqs) <= 3
+                assert len(log._writer._last_seqs) <= 3
         with pytest.raises(SeqConflict):
             await log.append([envelope("s0", 3)], expected_seq=2)
         for index in range(5):
@@ -542,8 +544,8 @@ async def test_appends_during_a_commit_share_the_next_round_and_conflict_in_it(
             outcomes[name] = f"conflict at {exc.actual}"
 
     async with SqliteLog(tmp_path / "log.db") as log:
-        held = HeldCommits(log._commit)
-        monkeypatch.setattr(log, "_commit", held)
+        held = HeldCommits(log._writer._commit)
+        monkeypatch.setattr(log._writer, "_commit", held)
         async with anyio.create_task_group() as group:
             group.start_soon(append, log, "first", run("s0", 1, 1), 0)
             await held.wait_entered()
@@ -562,7 +564,7 @@ async def test_appends_during_a_commit_share_the_next_round_and_conflict_in_it(
 
 
 @pytest.mark.anyio
-async def test_cancelling_appends_in_a_committing_or_gathering_round_spares_the_others(
+async def test_a_cancelled_append_is_written_once_taken_and_not_before(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     scopes: dict[str, anyio.CancelScope] = {}
@@ -577,35 +579,26 @@ async def test_cancelling_appends_in_a_committing_or_gathering_round_spares_the_
             outcomes[session_id] = "cancelled"
 
     async with SqliteLog(tmp_path / "log.db") as log:
-        held = HeldCommits(log._commit)
-        monkeypatch.setattr(log, "_commit", held)
+        held = HeldCommits(log._writer._commit)
+        monkeypatch.setattr(log._writer, "_commit", held)
         async with anyio.create_task_group() as group:
-            # Round one: three appends (one of them leads), taken and held in the worker thread.
-            for session_id in ("a", "b", "c"):
-                group.start_soon(append, log, session_id)
+            # Round one is taken and held in the writer thread; two more gather behind it.
+            group.start_soon(append, log, "a")
             await held.wait_entered()
-            # Round two gathers behind it; its leader (the first) waits for round one.
-            group.start_soon(append, log, "lead")
-            await anyio.wait_all_tasks_blocked()
-            for session_id in ("d", "e"):
+            for session_id in ("b", "c"):
                 group.start_soon(append, log, session_id)
             await anyio.wait_all_tasks_blocked()
-            for session_id in ("a", "b", "lead", "d"):
+            for session_id in ("a", "b"):
                 scopes[session_id].cancel()
             await anyio.wait_all_tasks_blocked()
             held.release.set()
-        assert [sorted(batches) for batches in held.rounds] == [
-            ["a@0", "b@0", "c@0"],
-            ["e@0", "lead@0"],
-        ]
-        assert outcomes["c"] == outcomes["e"] == "ok"
-        assert outcomes["d"] == "cancelled"
-        # A cancelled append whose round was taken was written, and a cancelled leader still
-        # commits its round; a cancelled append still gathering was not written.
-        for session_id in ("a", "b", "c", "lead", "e"):
+        assert held.rounds == [["a@0"], ["c@0"]]
+        assert outcomes == {"a": "cancelled", "b": "cancelled", "c": "ok"}
+        # Cancelled once its round had been taken, an append is written; before, it is not.
+        for session_id in ("a", "c"):
             assert await log.read(session_id) == run(session_id, 1, 2)
-        assert await log.last_seq("d") == 0
-        await log.append(run("d", 1, 2), expected_seq=0)
+        assert await log.last_seq("b") == 0
+        await log.append(run("b", 1, 2), expected_seq=0)
 
 
 @pytest.mark.anyio

@@ -16,7 +16,8 @@ import anyio
 from turnkeeper.events._errors import LogCorrupt, LogError, SeqError
 from turnkeeper.events._events import Envelope
 from turnkeeper.events._jsonl import decode_envelope, decode_envelopes
-from turnkeeper.events._log import Batch, EventLog, SeqConflict
+from turnkeeper.events._log import Batch, EventLog
+from turnkeeper.events._sqlite_writer import Writer, last_seq, sqlite_error
 
 _T = TypeVar("_T")
 
@@ -37,16 +38,6 @@ _SCHEMA = (
     )""",
     f"PRAGMA user_version = {_SCHEMA_VERSION}",
 )
-_LAST_SEQ = "SELECT max(seq) FROM events WHERE session_id = ?"
-_INSERT_SESSION = "INSERT INTO sessions (session_id) VALUES (?)"
-# Events go in up to 64 rows per statement: a statement per row costs nearly twice as much
-# (and each one lets go of the GIL). Sizes are powers of two, so a few statements serve.
-_INSERT_SIZES = (64, 32, 16, 8, 4, 2, 1)
-_INSERT_EVENTS = {
-    size: "INSERT INTO events (session_id, seq, at, type, body) VALUES "
-    + ", ".join(["(?, ?, ?, ?, ?)"] * size)
-    for size in _INSERT_SIZES
-}
 _READ = (
     "SELECT session_id, seq, body FROM events WHERE session_id = ? AND seq > ? ORDER BY seq LIMIT ?"
 )
@@ -56,194 +47,55 @@ _BUSY_TIMEOUT_MS = 5000
 # Rows per read: large enough that the worker-thread hop is cheap next to decoding the
 # page, small enough that decoding one (on the event loop) stays within milliseconds.
 _PAGE = 4096
-# Sessions whose last seq the writer remembers; past this it starts again from empty.
-_KNOWN_SESSIONS = 100_000
-
-
-class _Pending:
-    """An append waiting for its round's transaction, and its outcome once settled."""
-
-    __slots__ = ("batch", "done", "error")
-
-    def __init__(self, batch: Batch) -> None:
-        self.batch = batch
-        self.done = False
-        self.error: LogError | None = None
-
-
-class _Round:
-    """Appends committed together in one transaction; `settled` is set once each has its outcome."""
-
-    __slots__ = ("pendings", "settled")
-
-    def __init__(self, first: _Pending) -> None:
-        self.pendings = [first]
-        self.settled = anyio.Event()
 
 
 class SqliteLog(EventLog):
     """An event log in the SQLite file at `path` (created if missing), in WAL mode.
 
-    Group commit: appends that arrive while a transaction is being committed gather in
-    the next round, and the next transaction commits all of them at once, so many
-    sessions share one fsync. The first append of a round leads it: it waits for the
-    round before, then commits its round's appends in a worker thread while the others
-    wait for the round to settle, each woken once. Each append's expected seq is checked
-    inside the transaction; a conflict fails only that append. `commits` counts the
-    transactions committed.
-
-    The writer remembers each session's last seq after its own commits, so a round needs
-    no query per append. The memory is trusted only while `PRAGMA data_version` says no
-    other connection (another process, say) has committed to the file since.
+    Group commit: appends that arrive while a transaction is being committed gather,
+    and a writer thread commits all of them in the next transaction, as soon as the one
+    before has committed, so many sessions share one fsync (see `Writer`). Each append's
+    expected seq is checked inside the transaction; a conflict fails only that append.
+    `commits` counts the transactions committed.
 
     Durability: `synchronous=FULL` fsyncs the WAL on every commit, so an append that
     has returned survives power loss, not only a crash of the process (with NORMAL,
     WAL commits since the last checkpoint can be lost); group commit pays for it.
 
-    All database work runs in worker threads: writes on one connection, reads on a
-    second, so reads never see a transaction in progress. Reads fetch pages of raw rows
-    there and decode them on the calling thread, a page in one pass. Other processes may
-    read the file while this one writes. Positions are the events' row ids, increasing in
-    commit order and never reused.
+    All database work runs in threads: writes on one connection in the writer's, reads
+    on a second in worker threads, so reads never see a transaction in progress. Reads
+    fetch pages of raw rows there and decode them on the calling thread, a page in one
+    pass. Other processes may read the file while this one writes. Positions are the
+    events' row ids, increasing in commit order and never reused.
     """
 
-    _writer: sqlite3.Connection
+    _writer: Writer
     _reader: sqlite3.Connection
-    _write_limiter: anyio.CapacityLimiter
     _read_limiter: anyio.CapacityLimiter
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         super().__init__()
         self.path = Path(path)
-        self.commits = 0
-        # The round taking appends (its leader has not started the commit yet), if any.
-        self._open_round: _Round | None = None
-        # The round whose transaction is in progress, if any.
-        self._committing: _Round | None = None
-        # Written and read only by _commit, in the writer's thread.
-        self._last_seqs: dict[str, int] = {}
-        self._data_version: int | None = None
+
+    @property
+    def commits(self) -> int:
+        """Transactions committed so far."""
+        return self._writer.commits if self._state != "new" else 0
 
     def __repr__(self) -> str:
         return f"SqliteLog({str(self.path)!r})"
 
     async def _open(self) -> None:
-        self._write_limiter = anyio.CapacityLimiter(1)
         self._read_limiter = anyio.CapacityLimiter(1)
-        self._writer, self._reader = await anyio.to_thread.run_sync(_connect, self.path)
+        writer, self._reader = await anyio.to_thread.run_sync(_connect, self.path)
+        self._writer = Writer(writer, self.path)
 
     async def _close(self) -> None:
-        while (round_ := self._open_round or self._committing) is not None:
-            await round_.settled.wait()
+        await self._writer.close()
         await anyio.to_thread.run_sync(self._reader.close, limiter=self._read_limiter)
-        await anyio.to_thread.run_sync(self._writer.close, limiter=self._write_limiter)
 
     async def _append(self, batch: Batch) -> None:
-        pending = _Pending(batch)
-        round_ = self._open_round
-        if round_ is None:
-            round_ = self._open_round = _Round(pending)
-            await self._lead(round_)
-        else:
-            round_.pendings.append(pending)
-            try:
-                await round_.settled.wait()
-            except BaseException:
-                # Cancelled before its round was taken: it is not written.
-                if round_ is self._open_round:
-                    round_.pendings.remove(pending)
-                raise
-        if not pending.done:
-            raise LogError(f"{self.path}: append failed unexpectedly")
-        if pending.error is not None:
-            raise pending.error
-
-    async def _lead(self, round_: _Round) -> None:
-        """Commit `round_` after the round before it, and settle each of its appends."""
-        # Shielded: the round's other appenders wait on its leader, so it finishes even if
-        # cancelled (waiting at most for one round before it).
-        with anyio.CancelScope(shield=True):
-            try:
-                previous = self._committing
-                if previous is not None:
-                    await previous.settled.wait()
-                # Appenders that are ready to run (woken by the round before, say) join this one.
-                await anyio.lowlevel.checkpoint()
-                self._open_round = None
-                self._committing = round_
-                pendings = round_.pendings
-                outcomes = await anyio.to_thread.run_sync(
-                    self._commit,
-                    [pending.batch for pending in pendings],
-                    limiter=self._write_limiter,
-                )
-                for pending, outcome in zip(pendings, outcomes, strict=True):
-                    pending.done = True
-                    pending.error = outcome
-            finally:
-                if self._open_round is round_:
-                    self._open_round = None
-                if self._committing is round_:
-                    self._committing = None
-                round_.settled.set()
-
-    def _commit(self, batches: list[Batch]) -> list[LogError | None]:
-        """In a worker thread: write every batch whose expected seq holds, in one transaction."""
-        connection = self._writer
-        known = self._last_seqs
-        outcomes: list[LogError | None] = []
-        written: dict[str, int] = {}
-        new_sessions: list[tuple[str]] = []
-        # Each event's five column values, one after another.
-        values: list[str | int | float | bytes] = []
-        try:
-            connection.execute("BEGIN IMMEDIATE")
-            try:
-                (version,) = connection.execute("PRAGMA data_version").fetchone()
-                if version != self._data_version:
-                    # Another connection has committed since this one last looked.
-                    known.clear()
-                    self._data_version = version
-                for batch in batches:
-                    session_id = batch.session_id
-                    actual = written.get(session_id)
-                    if actual is None:
-                        actual = known.get(session_id)
-                        if actual is None:
-                            actual = _last_seq(connection, self.path, session_id)
-                    if actual != batch.expected_seq:
-                        outcomes.append(SeqConflict(session_id, batch.expected_seq, actual))
-                        continue
-                    if actual == 0:
-                        new_sessions.append((session_id,))
-                    for envelope, line in zip(batch.events, batch.lines, strict=True):
-                        values += (session_id, envelope.seq, envelope.at, envelope.type, line)
-                    written[session_id] = batch.events[-1].seq
-                    outcomes.append(None)
-                connection.executemany(_INSERT_SESSION, new_sessions)
-                _insert_events(connection, values)
-                connection.execute("COMMIT")
-            except BaseException:
-                if connection.in_transaction:
-                    connection.execute("ROLLBACK")
-                raise
-        except sqlite3.Error as exc:
-            self._forget_last_seqs()
-            return [_error(self.path, exc) for _ in batches]
-        except LogCorrupt as exc:
-            self._forget_last_seqs()
-            return [LogCorrupt(str(exc)) for _ in batches]
-        if values:
-            self.commits += 1
-            if len(known) > _KNOWN_SESSIONS:
-                known.clear()
-            known.update(written)
-        return outcomes
-
-    def _forget_last_seqs(self) -> None:
-        """After a failed transaction, learn each session's last seq from the file again."""
-        self._last_seqs.clear()
-        self._data_version = None
+        await self._writer.append(batch)
 
     async def _read(self, session_id: str, after: int, limit: int | None) -> list[Envelope]:
         events: list[Envelope] = []
@@ -267,9 +119,7 @@ class SqliteLog(EventLog):
                 return events
 
     async def _last_seq(self, session_id: str) -> int:
-        return await self._on_reader(
-            lambda connection: _last_seq(connection, self.path, session_id)
-        )
+        return await self._on_reader(lambda connection: last_seq(connection, self.path, session_id))
 
     async def _sessions(self) -> list[str]:
         def sessions(connection: sqlite3.Connection) -> list[str]:
@@ -305,7 +155,7 @@ class SqliteLog(EventLog):
             try:
                 return work(self._reader)
             except sqlite3.Error as exc:
-                raise _error(self.path, exc) from None
+                raise sqlite_error(self.path, exc) from None
 
         return await anyio.to_thread.run_sync(guarded, limiter=self._read_limiter)
 
@@ -327,7 +177,7 @@ def _connect(path: Path) -> tuple[sqlite3.Connection, sqlite3.Connection]:
         for connection in connections:
             connection.close()
         if isinstance(exc, sqlite3.Error):
-            raise _error(path, exc) from None
+            raise sqlite_error(path, exc) from None
         raise
     return connections[0], connections[1]
 
@@ -369,25 +219,6 @@ def _create_schema(connection: sqlite3.Connection, path: Path) -> None:
 def _user_version(connection: sqlite3.Connection) -> int:
     (version,) = connection.execute("PRAGMA user_version").fetchone()
     return int(version)
-
-
-def _last_seq(connection: sqlite3.Connection, path: Path, session_id: str) -> int:
-    (seq,) = connection.execute(_LAST_SEQ, (session_id,)).fetchone()
-    if seq is None:
-        return 0
-    if not isinstance(seq, int):
-        raise LogCorrupt(f"{path}: session {session_id}: seq {seq!r} is not an integer")
-    return seq
-
-
-def _insert_events(connection: sqlite3.Connection, values: list[str | int | float | bytes]) -> None:
-    """Insert events from their column values, five per event, with few statements."""
-    start = 0
-    for size in _INSERT_SIZES:
-        width = 5 * size
-        while len(values) - start >= width:
-            connection.execute(_INSERT_EVENTS[size], values[start : start + width])
-            start += width
 
 
 def _fetch(query: str, parameters: tuple[object, ...], connection: sqlite3.Connection) -> list[Any]:
@@ -444,11 +275,3 @@ def _gc_paused() -> Iterator[None]:
         yield
     finally:
         gc.enable()
-
-
-def _error(path: Path, exc: sqlite3.Error) -> LogError:
-    """A turnkeeper error for a SQLite failure: LogCorrupt when the file is not a sound database."""
-    name = getattr(exc, "sqlite_errorname", "")
-    if name.startswith(("SQLITE_NOTADB", "SQLITE_CORRUPT")):
-        return LogCorrupt(f"{path}: not a readable SQLite event log: {exc}")
-    return LogError(f"{path}: {exc}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import sqlite3
 import threading
@@ -186,11 +187,9 @@ class Writer:
 
     def _settle(self) -> None:
         """Settle the rounds committed since the last look, waking their tasks."""
-        try:
-            while self._receive.recv(4096):
-                pass
-        except BlockingIOError:
-            pass
+        # The thread writes one byte, then no more until the flag is cleared below.
+        with contextlib.suppress(BlockingIOError):
+            self._receive.recv(1)
         with self._lock:
             committed = self._committed
             self._committed = []

@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -96,11 +97,44 @@ class TimedLog(SqliteLog):
             _replied_at.set(None)
 
 
-def scripted_model(latency: float, round_trips: int) -> Any:
-    """Calls `step` until `round_trips` results are in, then answers; `latency` s per reply."""
+class Latency:
+    """Model latency: each call waits `seconds`, woken by one timer task (`run`).
+
+    One sleep per call would cost the event loop a cancel scope with a deadline, and a
+    Cancelled raised and caught, per reply: far more than the socket wait a remote
+    model's reply costs. Calls wait in order, all for the same time, so a queue serves.
+    """
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self._due: deque[tuple[float, anyio.Event]] = deque()
+        self._queued = anyio.Event()
+
+    async def wait(self) -> None:
+        """Return `seconds` from now."""
+        woken = anyio.Event()
+        self._due.append((anyio.current_time() + self.seconds, woken))
+        self._queued.set()
+        await woken.wait()
+
+    async def run(self) -> None:
+        """Wake each call when its time comes (as the timer task, until cancelled)."""
+        while True:
+            if not self._due:
+                self._queued = anyio.Event()
+                await self._queued.wait()
+            now = anyio.current_time()
+            while self._due and self._due[0][0] <= now:
+                self._due.popleft()[1].set()
+            if self._due:
+                await anyio.sleep(self._due[0][0] - now)
+
+
+def scripted_model(latency: Latency, round_trips: int) -> Any:
+    """Calls `step` until `round_trips` results are in, then answers, after `latency`."""
 
     async def chat(request: dict[str, Any]) -> dict[str, Any]:
-        await anyio.sleep(latency)
+        await latency.wait()
         done = sum(message["role"] == "tool" for message in request["messages"])
         response = (
             tool_response(("step", {"n": done}))
@@ -126,8 +160,9 @@ async def measure(
         async with log:
             baseline = rss_bytes()
             peak = baseline
+            model_latency = Latency(latency)
             host = Host(
-                chat=scripted_model(latency, round_trips),
+                chat=scripted_model(model_latency, round_trips),
                 log=log,
                 tools={"step": step},
                 max_model_calls=max_model_calls,
@@ -148,6 +183,7 @@ async def measure(
                 cpu_started = time.thread_time()
                 async with anyio.create_task_group() as group:
                     group.start_soon(sample_rss)
+                    group.start_soon(model_latency.run)
                     # As an orchestrator would: start every session at once, then wait for
                     # each (in turn: a task per waiting session would weigh on the host).
                     async with anyio.create_task_group() as starting:

@@ -9,8 +9,9 @@ seconds per reply, then answers. Prints, per session count and model-call limit
 (`Host(max_model_calls=...)`, 0 for none), each run in a process of its own: durable
 turns (model replies logged) per second, the event loop thread's CPU time per turn,
 peak RSS per session, and p50/p99 of the time from a model reply to its events being
-durable in SQLite (a wait for a model-call slot comes before the call, so it is not
-counted).
+durable in SQLite (the commit of their transaction) and to their append returning to
+the session (when the event loop has heard of the commit). A wait for a model-call
+slot comes before the call, so it is not counted.
 
 The default limit, 100 calls, is the target rate times the model's latency (2,000
 turns/s x 50 ms): enough slots for the target throughput, no more. The cycle

@@ -11,13 +11,17 @@ from turnkeeper.events._types import Message, ToolUse
 
 _canonical = msgspec.json.Encoder(order="sorted")
 _compact = msgspec.json.Encoder()
+_decode = msgspec.json.decode
+# What encoding arguments that JSON cannot hold raises.
+_UNENCODABLE = (TypeError, msgspec.EncodeError, OverflowError, ValueError)
+_SEQUENCES = (list, tuple)
 
 
 def canonical_args(arguments: dict[str, Any]) -> str:
     """Arguments as JSON with sorted keys, so equal arguments compare equal as text."""
     try:
         return _canonical.encode(arguments).decode()
-    except (TypeError, msgspec.EncodeError, OverflowError, ValueError):
+    except _UNENCODABLE:
         return repr(sorted(arguments.items(), key=lambda item: item[0]))
 
 
@@ -43,22 +47,25 @@ def text_of(message: Message) -> str | None:
 
 def decode_arguments(arguments: object) -> tuple[dict[str, Any], str | None]:
     """A tool call's arguments as a dict, and why they were replaced by `{}` if they were bad."""
-    if isinstance(arguments, dict):
-        return arguments, None
-    if arguments is None or (isinstance(arguments, str) and not arguments.strip()):
-        return {}, None
-    if not isinstance(arguments, str):
-        return {}, f"arguments must be a JSON object, got {type(arguments).__name__}"
-    try:
-        value = msgspec.json.decode(arguments)
-    except msgspec.DecodeError as exc:
-        return {}, f"arguments are not valid JSON ({exc}): {arguments[:200]!r}"
-    if not isinstance(value, dict):
+    if isinstance(arguments, str):
+        # Decoded first: a blank string is the only one that fails and is not an error.
+        try:
+            value = _decode(arguments)
+        except msgspec.DecodeError as exc:
+            if not arguments.strip():
+                return {}, None
+            return {}, f"arguments are not valid JSON ({exc}): {arguments[:200]!r}"
+        if isinstance(value, dict):
+            return value, None
         return (
             {},
             f"arguments must be a JSON object, got {type(value).__name__}: {arguments[:200]!r}",
         )
-    return value, None
+    if isinstance(arguments, dict):
+        return arguments, None
+    if arguments is None:
+        return {}, None
+    return {}, f"arguments must be a JSON object, got {type(arguments).__name__}"
 
 
 _decoded: dict[int, tuple[Message, tuple[ToolUse, ...]]] = {}
@@ -66,33 +73,37 @@ _decoded: dict[int, tuple[Message, tuple[ToolUse, ...]]] = {}
 
 def tool_uses_of(message: Message) -> tuple[ToolUse, ...]:
     """The tool calls of a well-formed assistant message, arguments decoded."""
-    # A poll decodes the same (never mutated) messages several times: remember a few.
+    # A poll decodes the same (never mutated) messages several times: remember the last few.
     known = _decoded.get(id(message))
     if known is not None and known[0] is message:
         return known[1]
-    uses = _decode_calls(message)
+    uses = decode_tool_uses(message)
     if len(_decoded) >= 8:
-        _decoded.pop(next(iter(_decoded)))
+        _decoded.clear()
     _decoded[id(message)] = (message, uses)
     return uses
 
 
-def _decode_calls(message: Message) -> tuple[ToolUse, ...]:
-    """Raises TypeError when `tool_calls` is not a list of calls with string ids and names."""
-    calls = message.get("tool_calls") or ()
-    if not isinstance(calls, list | tuple):
+def decode_tool_uses(message: Message) -> tuple[ToolUse, ...]:
+    """The tool calls of a well-formed assistant message, arguments decoded, each time
+    (`tool_uses_of` remembers the last few). Raises TypeError when `tool_calls` is not a
+    list of calls with string ids and names."""
+    calls = message.get("tool_calls")
+    if not calls:
+        return ()
+    if not isinstance(calls, _SEQUENCES):
         raise TypeError(f"tool_calls is {type(calls).__name__}, not a list")
     uses: list[ToolUse] = []
     for index, call in enumerate(calls):
         function = call.get("function") if isinstance(call, dict) else None
         if not (
             isinstance(function, dict)
-            and isinstance(call.get("id"), str)
-            and isinstance(function.get("name"), str)
+            and isinstance(call_id := call.get("id"), str)
+            and isinstance(name := function.get("name"), str)
         ):
             raise TypeError(f"tool_calls[{index}] has no string id and function name")
         arguments, error = decode_arguments(function.get("arguments"))
-        uses.append(ToolUse(id=call["id"], name=function["name"], input=arguments, error=error))
+        uses.append(ToolUse(call_id, name, arguments, error))
     return tuple(uses)
 
 
@@ -115,7 +126,10 @@ def call_key(name: str, arguments: dict[str, Any]) -> str:
     """The identity of a call within an episode: its tool name and canonical arguments, split
     at the last \x1f (canonical JSON never holds a raw control character). A string, whose
     hash Python keeps, so sets of keys are cheap to grow."""
-    return f"{name}\x1f{canonical_args(arguments)}"
+    try:
+        return f"{name}\x1f{_canonical.encode(arguments).decode()}"
+    except _UNENCODABLE:
+        return f"{name}\x1f{canonical_args(arguments)}"
 
 
 def key_arguments(key: str) -> str:

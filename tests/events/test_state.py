@@ -7,10 +7,13 @@ from typing import Any
 
 import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from turnkeeper.events import (
     AgentSpec,
     AnyEvent,
+    Budget,
     Cancelled,
     ChatFailed,
     ChatRetried,
@@ -25,6 +28,7 @@ from turnkeeper.events import (
     MessageReceived,
     ModelResponded,
     ReplayError,
+    ReplyReplaced,
     SeqError,
     SessionOpened,
     SessionState,
@@ -35,6 +39,7 @@ from turnkeeper.events import (
     ToolReturned,
     ToolSpec,
     ToolUse,
+    TurnkeeperError,
     Usage,
     apply_event,
     fold,
@@ -572,3 +577,99 @@ def test_initial_state_rejects_malformed_tool_calls(calls: Any) -> None:
     history = (SYSTEM, USER, {"role": "assistant", "tool_calls": calls})
     with pytest.raises(InputError, match="history: malformed assistant tool_calls"):
         initial_state("s9", opened(*history))
+
+
+# Events for the fold property: tool round trips (with repeatable tools, errors, results
+# out of order, missing or extra) mixed with every other kind of event.
+IDS = st.sampled_from(["a", "b", "c"])
+# search is repeatable: loop detection remembers its answers.
+TOOLS = st.sampled_from(["fetch", "fetch", "finish", "search"])
+ARGUMENTS = st.sampled_from([{}, {"q": 1}, {"q": 2}])
+TEXTS = st.sampled_from(["Done.", "done", "  ", "Working on it."])
+GUARDS = st.sampled_from(["loop", "terminal", "final_turn"])
+
+
+other_event = st.one_of(
+    st.builds(lambda text: responded(text=text), TEXTS),
+    st.builds(lambda: ModelResponded({}, {"role": "assistant", "tool_calls": 5}, None, Usage())),
+    st.builds(MessageReceived, text=TEXTS),
+    st.builds(MessageQueued, text=TEXTS),
+    st.builds(DirectiveInjected, guard=GUARDS, text=TEXTS),
+    st.builds(
+        DuplicateToolCall, tool_call_id=IDS, name=TOOLS, arguments=st.just("{}"), message=TEXTS
+    ),
+    st.builds(ReplyReplaced, guard=GUARDS, text=TEXTS),
+    st.builds(Halted, guard=GUARDS, reason=st.just("looping"), message=TEXTS),
+    st.builds(TerminalToolCalled, tool_call_id=IDS, name=st.just("finish"), result=ARGUMENTS),
+    st.builds(Cancelled, reason=TEXTS),
+    st.builds(Failed, error=TEXTS),
+    st.builds(ChatRetried, attempt=st.just(1), delay=st.just(0.5), error=TEXTS),
+    st.builds(ToolCalled, tool_call_id=IDS, name=TOOLS, input=ARGUMENTS),
+    st.builds(ToolReturned, tool_call_id=IDS, text=TEXTS, is_error=st.booleans()),
+)
+
+
+@st.composite
+def round_trip(draw: st.DrawFn) -> list[AnyEvent]:
+    """A response calling tools, some of their results one by one, then all of them; now
+    and then with another event on the way, a wrong set of results, or none."""
+    rare = st.integers(0, 5).map(lambda number: number == 0)
+    ids = draw(st.lists(IDS, min_size=1, max_size=3, unique=True))
+    calls = [(call_id, draw(TOOLS), draw(ARGUMENTS)) for call_id in ids]
+    events: list[AnyEvent] = [responded(*(call(*made) for made in calls))]
+    answers = [(call_id, draw(TEXTS), draw(rare)) for call_id in ids]
+    for call_id, text, is_error in draw(st.permutations(answers)):
+        if draw(st.booleans()):
+            events.append(ToolReturned(tool_call_id=call_id, text=text, is_error=is_error))
+    if draw(rare):
+        events.append(draw(other_event))
+    answered = draw(st.permutations(answers))
+    if draw(st.integers(0, 19)) == 0:
+        answered = draw(st.lists(st.tuples(IDS, TEXTS, st.booleans()), max_size=3))
+    if not draw(rare):
+        events.append(results(*answered))
+    return events
+
+
+session_events = st.lists(
+    st.one_of(round_trip(), round_trip(), st.lists(other_event, min_size=1, max_size=2)),
+    max_size=12,
+).map(lambda parts: [event for part in parts for event in part])
+configs = st.sampled_from(
+    [GuardConfig(), GuardConfig(duplicates=None), GuardConfig(budget=Budget(max_tokens=9))]
+)
+
+
+def one_by_one(state: SessionState, envelopes: list[Envelope]) -> SessionState | str:
+    """`envelopes` applied with apply_event, or the error that stopped them."""
+    try:
+        for envelope in envelopes:
+            state = apply_event(state, envelope)
+    except TurnkeeperError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return state
+
+
+def folded(state: SessionState, envelopes: list[Envelope]) -> SessionState | str:
+    """`envelopes` applied in one fold, or the error that stopped it."""
+    try:
+        return fold(state, envelopes)
+    except TurnkeeperError as exc:
+        return f"{type(exc).__name__}: {exc}"
+
+
+@settings(max_examples=300, deadline=None)
+@given(events=session_events, config=configs, start=st.integers(0, 40))
+def test_fold_equals_applying_each_event(
+    events: list[AnyEvent], config: GuardConfig, start: int
+) -> None:
+    state = open_session(SPEC, session_id="s1", guards=config)
+    envelopes = [
+        Envelope("s1", seq, 1000.0 + seq, event)
+        for seq, event in enumerate([opened_event(state), MessageReceived(text="go"), *events], 1)
+    ]
+    # From the start, and from a state part of the way in.
+    middle = one_by_one(state, envelopes[:start])
+    if isinstance(middle, SessionState):
+        assert folded(middle, envelopes[start:]) == one_by_one(middle, envelopes[start:])
+    assert folded(state, envelopes) == one_by_one(state, envelopes)

@@ -31,6 +31,7 @@ from turnkeeper.events._events import (
 )
 from turnkeeper.events._messages import (
     call_key,
+    decode_tool_uses,
     digest,
     duplicate_content,
     error_content,
@@ -484,18 +485,156 @@ _RULES: dict[type, _Rule] = {
 """How each kind of event changes a state; the others change only its seq."""
 
 
+class _Trip:
+    """The fields of a state that tool round trips change, taken out of it in a form a fold
+    can change in place, and put back into it."""
+
+    __slots__ = (
+        "added",
+        "completion_tokens",
+        "episode_completion_tokens",
+        "episode_prompt_tokens",
+        "in_poll",
+        "last_unreadable",
+        "pending",
+        "polls",
+        "prompt_tokens",
+        "reply_calls",
+        "returned",
+        "seen",
+        "state",
+        "status",
+        "stop_reason",
+    )
+
+    def __init__(self, state: SessionState) -> None:
+        self.state = state
+        self.added: list[Message] = []
+        self.polls = state.polls
+        self.seen = set(state.seen)
+        self.pending = state.pending
+        self.reply_calls = state.reply_calls
+        self.prompt_tokens = state.usage.prompt_tokens
+        self.completion_tokens = state.usage.completion_tokens
+        self.episode_prompt_tokens = state.episode_usage.prompt_tokens
+        self.episode_completion_tokens = state.episode_usage.completion_tokens
+        self.last_unreadable = state.last_unreadable
+        self.status = state.status
+        self.in_poll = state.in_poll
+        self.stop_reason = state.stop_reason
+        self.returned = list(state.returned)
+
+    def put(self) -> SessionState:
+        """The state with the round trips applied."""
+        state = self.state
+        return _replace(
+            state,
+            history=state.history + tuple(self.added) if self.added else state.history,
+            polls=self.polls,
+            seen=frozenset(self.seen),
+            pending=self.pending,
+            reply_calls=self.reply_calls,
+            usage=Usage(self.prompt_tokens, self.completion_tokens),
+            episode_usage=Usage(self.episode_prompt_tokens, self.episode_completion_tokens),
+            last_unreadable=self.last_unreadable,
+            status=self.status,
+            in_poll=self.in_poll,
+            stop_reason=self.stop_reason,
+            returned=tuple(self.returned),
+        )
+
+    def call(self, event: ModelResponded) -> bool:
+        """Apply a model response that calls tools, as `_apply_response` does; False, and
+        nothing changed, for any other response."""
+        try:
+            # Each message once: nothing to gain from remembering it.
+            uses = decode_tool_uses(event.message)
+        except TypeError:
+            return False
+        if not uses:
+            return False
+        self.added.append(event.message)
+        self.polls += 1
+        for use in uses:
+            self.seen.add(call_key(use.name, use.input))
+        self.pending = self.reply_calls = uses
+        usage = event.usage
+        self.prompt_tokens += usage.prompt_tokens
+        self.completion_tokens += usage.completion_tokens
+        self.episode_prompt_tokens += usage.prompt_tokens
+        self.episode_completion_tokens += usage.completion_tokens
+        response = event.response
+        self.last_unreadable = "turnkeeper" in response and is_unreadable(response)
+        self.status = "requires_action"
+        self.in_poll = False
+        self.stop_reason = "tool_use"
+        return True
+
+    def answer(self, event: ToolReturned) -> None:
+        """Apply a tool's result, as `_apply_returned` does."""
+        for use in self.pending:
+            if use.id == event.tool_call_id:
+                self.returned.append(ToolResult(event.tool_call_id, event.text, event.is_error))
+                return
+
+    def close(self, event: ToolResultsReceived) -> bool:
+        """Apply the results of the pending calls, as `_apply_results` does, when there is
+        nothing else to do: no error or error count to change, no answer loop detection
+        must remember, no deferred directive. False, and nothing changed, otherwise."""
+        state = self.state
+        if state.deferred:
+            return False
+        results = event.results
+        unanswered = {use.id: use for use in self.pending}
+        if len(results) != len(unanswered):
+            return False
+        error_counts = state.error_counts
+        messages: list[Message] = []
+        for result in results:
+            # Each result takes its call, so every call is answered exactly once.
+            use = unanswered.pop(result.tool_use_id, None)
+            if (
+                use is None
+                or result.is_error
+                or use.name in error_counts
+                or _can_run_again(state, use.name)
+            ):
+                return False
+            messages.append(tool_message(result.tool_use_id, result.text))
+        self.added += messages
+        self.returned.clear()
+        self.pending = ()
+        self.status = "running"
+        self.in_poll = True
+        self.stop_reason = None
+        return True
+
+
 def fold(state: SessionState, events: Iterable[Envelope]) -> SessionState:
-    """Apply `events` in order (what `apply_event` does for each, in one pass: replay's
-    loop, so events that change only the seq do not copy the state)."""
+    """Apply `events` in order, as `apply_event` does each: replay's loop, in one pass.
+
+    Most events of most sessions are tool round trips: a model response calling tools,
+    each call's result, then the results together. The fold applies those to a `_Trip`
+    when nothing else is going on (see its methods), putting it back into the state only
+    for another event's rule and at the end: a round trip copies neither the state nor
+    its history. Every other event goes through its rule.
+    """
     session_id = state.session_id
     seq = state.seq
     rules = _RULES
+    trip = _Trip(state)
     for envelope in events:
         if envelope.session_id != session_id or envelope.seq != seq + 1:
             raise _out_of_order(session_id, seq + 1, envelope)
         seq = envelope.seq
-        rule = rules.get(type(envelope.event))
-        if rule is not None:
-            # Every rule sets the state's seq to its envelope's.
-            state = rule(state, envelope.event, envelope)
-    return state if state.seq == seq else _replace(state, seq=seq)
+        event = envelope.event
+        if type(event) is ToolReturned:
+            trip.answer(event)
+        elif not (
+            (type(event) is ModelResponded and trip.call(event))
+            or (type(event) is ToolResultsReceived and trip.close(event))
+        ):
+            rule = rules.get(type(event))
+            if rule is not None:
+                trip = _Trip(rule(trip.put(), event, envelope))
+    return _replace(trip.put(), seq=seq)

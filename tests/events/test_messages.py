@@ -124,6 +124,7 @@ def test_arguments_json_cannot_encode_still_give_a_key() -> None:
 
     key = canonical_args({"b": Opaque(), "a": 1})
     assert key == "[('a', 1), ('b', <opaque>)]"
+    assert call_key("f", {"b": Opaque(), "a": 1}) == f"f\x1f{key}"
 
 
 def test_digest_is_stable_and_distinguishes_texts() -> None:

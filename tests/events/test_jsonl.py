@@ -33,6 +33,7 @@ from turnkeeper.events import (
     read_jsonl,
     write_jsonl,
 )
+from turnkeeper.events._jsonl import _decode_lines
 from turnkeeper.sessions import open_session, opened_event
 
 SPEC = AgentSpec(system_prompt="You help.", tools=(ToolSpec("search"),), model="tiny")
@@ -309,3 +310,28 @@ def test_a_log_cut_anywhere_reads_as_its_complete_lines(cut: int) -> None:
     else:
         assert read.torn is not None
         assert read.torn.line == kept + 1
+
+
+def line_by_line(data: bytes) -> JsonlRead | str:
+    """What decode_jsonl's careful path makes of `data`: each line on its own."""
+    lines = data.split(b"\n")
+    complete = lines[-1] == b""
+    if complete:
+        lines.pop()
+    try:
+        return _decode_lines(lines, complete)
+    except LogError as exc:
+        return f"{type(exc).__name__}: {exc}"
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(mutation, max_size=3))
+def test_decoding_a_whole_log_at_once_reads_as_line_by_line(
+    mutations: list[tuple[str, int, int]],
+) -> None:
+    data = mutate(DATA + DATA.replace(b'"a"', b'"b"'), mutations)
+    try:
+        read: JsonlRead | str = decode_jsonl(data, check_seq=False)
+    except LogError as exc:
+        read = f"{type(exc).__name__}: {exc}"
+    assert read == line_by_line(data)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import itertools
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 
 from tests.events.test_logs import envelope, run
 from turnkeeper.events import Envelope, LogCorrupt, LogError, SeqError, decode_jsonl, encode_jsonl
+from turnkeeper.events import _jsonl_log as jsonl_log
 from turnkeeper.events._jsonl_log import JsonlLog
 
 
@@ -264,3 +266,33 @@ async def test_any_bytes_in_a_log_directory_raise_only_log_errors(
             assert await log.read("s1") == [*events, envelope("s1", len(events) + 1)]
     except LogError:
         pass
+
+
+@pytest.mark.anyio
+async def test_opening_reads_files_in_runs_and_leaves_the_collector_as_it_found_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(jsonl_log, "_EVENTS_PER_PAUSE", 2)
+    await write_sessions(tmp_path, {"a": 3, "b": 1, "c": 1, "d": 2})
+    async with JsonlLog(tmp_path) as log:
+        assert gc.isenabled()
+        assert [(e.session_id, e.seq) for _, e in await log.read_all()] == [
+            ("a", 1),
+            ("a", 2),
+            ("a", 3),
+            ("b", 1),
+            ("c", 1),
+            ("d", 1),
+            ("d", 2),
+        ]
+    gc.disable()
+    try:
+        async with JsonlLog(tmp_path) as log:
+            assert len(await log.read_all()) == 7
+            assert not gc.isenabled()
+    finally:
+        gc.enable()
+    (tmp_path / "c.jsonl").write_bytes(b"not json\n")
+    with pytest.raises(LogCorrupt, match=r"c\.jsonl"):
+        await JsonlLog(tmp_path).sessions()
+    assert gc.isenabled()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import gc
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import msgspec
@@ -13,7 +15,6 @@ from turnkeeper.events._events import Envelope
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(Envelope)
 _array_decoder = msgspec.json.Decoder(list[Envelope])
-_spans_decoder = msgspec.json.Decoder(list[msgspec.Raw])
 _DATA = (bytes, bytearray, memoryview, str)
 # What msgspec raises, besides DecodeError, on input it cannot turn into Python objects.
 _DECODE_FAILURES = (msgspec.DecodeError, RecursionError, MemoryError, OverflowError, UnicodeError)
@@ -50,25 +51,20 @@ def decode_envelope(data: bytes | str, *, line: int | None = None) -> Envelope:
 
 
 def decode_envelopes(parts: Sequence[bytes], *, encoded_here: bool = False) -> list[Envelope]:
-    """Envelopes from JSON texts of one envelope each, decoded in one pass.
+    """Envelopes from JSON texts of one envelope each.
 
-    One decode of the parts joined into a JSON array is far cheaper than one per part.
-    A part that is not exactly one JSON value (cut short, say, or two values) raises
-    LogCorrupt, naming no part: decode the parts one by one to find it. Parts cannot
-    complete each other: a first pass measures each element of the array, and each must
-    span its whole part, so the array's elements are the parts themselves. Parts
-    `encoded_here` (by `encode_envelope`) are whole by construction and skip that pass.
+    A part that is not exactly one envelope (cut short, say, or two values) raises
+    LogCorrupt, naming no part: decode the parts one by one to find it. Each part decodes
+    alone, so no part can complete another, except parts `encoded_here` (by
+    `encode_envelope`), whole by construction: they decode joined into one JSON array.
     """
     try:
-        data = b"[" + b",".join(parts) + b"]"
+        if encoded_here:
+            return _array_decoder.decode(b"[" + b",".join(parts) + b"]")
+        decode = _decoder.decode
+        return [decode(part) for part in parts]
     except TypeError:
         raise LogCorrupt("expected bytes for every part") from None
-    try:
-        if not encoded_here:
-            spans = _spans_decoder.decode(data)
-            if list(map(len, spans)) != list(map(len, parts)):
-                raise LogCorrupt("not one JSON value per part")
-        return _array_decoder.decode(data)
     except _DECODE_FAILURES as exc:
         raise _not_envelopes(exc, None) from None
 
@@ -109,6 +105,22 @@ def decode_jsonl(data: bytes | bytearray | memoryview, *, check_seq: bool = True
     complete = lines[-1] == b""
     if complete:
         lines.pop()
+    decode = _decoder.decode
+    try:
+        # Every line an envelope, as in a log this package wrote: one pass, no line numbers.
+        events = [decode(line) for line in lines]
+    except _DECODE_FAILURES:
+        read = _decode_lines(lines, complete)
+    else:
+        read = JsonlRead(events=tuple(events))
+    if check_seq:
+        check_sequence(read.events)
+    return read
+
+
+def _decode_lines(lines: list[bytes], complete: bool) -> JsonlRead:
+    """Envelopes from lines that are not all envelopes: blank lines are skipped, a bad
+    line raises LogCorrupt naming it, unless it is the torn last line (see decode_jsonl)."""
     events: list[Envelope] = []
     torn: TornTail | None = None
     for index, raw in enumerate(lines):
@@ -121,9 +133,28 @@ def decode_jsonl(data: bytes | bytearray | memoryview, *, check_seq: bool = True
             if complete or index != len(lines) - 1:
                 raise
             torn = TornTail(line=number, data=raw[:200], error=str(exc))
-    if check_seq:
-        check_sequence(events)
     return JsonlRead(events=tuple(events), torn=torn)
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Hold off the cycle collector while many objects are made at once: envelopes being
+    decoded, or the pairs `read_all` returns.
+
+    Each event makes a few containers the collector tracks, so thousands would set off
+    many collections, some of them walking every tracked object in the process
+    (Mercurial's `nogc` does the same for bulk loads). Nothing made here forms a cycle;
+    the collector sees the objects in one collection once it runs again. The switch is
+    process-wide: code that turns the collector off meanwhile finds it back on after.
+    """
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 def write_jsonl(path: str | Path, events: Iterable[Envelope]) -> None:

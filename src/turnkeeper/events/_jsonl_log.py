@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import re
+from operator import attrgetter
 from pathlib import Path
 
 import anyio
@@ -13,7 +14,7 @@ import structlog
 
 from turnkeeper.events._errors import LogCorrupt, LogError, SeqError
 from turnkeeper.events._events import Envelope
-from turnkeeper.events._jsonl import TornTail, decode_jsonl
+from turnkeeper.events._jsonl import TornTail, decode_jsonl, gc_paused
 from turnkeeper.events._log import Batch, EventLog, SeqConflict
 from turnkeeper.events._memory_log import EventStore
 
@@ -23,6 +24,10 @@ _logger = structlog.get_logger(__name__)
 _SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 _SUFFIX = ".jsonl"
 _ORDER = "order.idx"
+_session_of = attrgetter("session_id")
+_seq_of = attrgetter("seq")
+# Events decoded in one pause of the cycle collector when the log opens.
+_EVENTS_PER_PAUSE = 4096
 
 
 class _Tail(msgspec.Struct, frozen=True):
@@ -200,7 +205,26 @@ def _load_directory(directory: Path) -> _Directory:
     except OSError as exc:
         raise LogError(f"{directory}: cannot open the log directory: {exc}") from None
     order, clean = _load_order(directory / _ORDER)
-    return _Directory(tuple(_load_file(path) for path in paths), order, clean)
+    return _Directory(_load_files(paths), order, clean)
+
+
+def _load_files(paths: list[Path]) -> tuple[_SessionFile, ...]:
+    """The session files, read with the cycle collector paused (see `gc_paused`) for each
+    run of files holding a few thousand events: the collection after a run walks objects
+    still in the cache, and the few runs set off few collections."""
+    files: list[_SessionFile] = []
+    remaining = iter(paths)
+    while True:
+        count = 0
+        with gc_paused():
+            for path in remaining:
+                file = _load_file(path)
+                files.append(file)
+                count += len(file.events)
+                if count >= _EVENTS_PER_PAUSE:
+                    break
+            else:
+                return tuple(files)
 
 
 def _load_order(path: Path) -> tuple[tuple[tuple[str, int], ...], bool]:
@@ -242,10 +266,13 @@ def _arrange(
             placed[session_id] = end
     ranked: list[tuple[float, str, int, Envelope]] = []
     for session_id, events in sessions.items():
+        first = placed.get(session_id, 0)
+        if first == len(events):
+            continue
         time = -math.inf
         for envelope in events:
             time = max(time, envelope.at)
-            if envelope.seq > placed.get(session_id, 0):
+            if envelope.seq > first:
                 ranked.append((time, session_id, envelope.seq, envelope))
     ranked.sort(key=lambda item: item[:3])
     arranged.extend(item[3] for item in ranked)
@@ -278,7 +305,22 @@ def _load_file(path: Path) -> _SessionFile:
         error = LogCorrupt(f"{path} (session {session_id}), {exc} (after seq {after})")
         error.line = exc.line
         raise error from None
-    for expected, envelope in enumerate(read.events, start=1):
+    events = read.events
+    # Checked in one pass over each field; a file that fails is walked to name its event.
+    if set(map(_session_of, events)) - {session_id} or list(map(_seq_of, events)) != list(
+        range(1, len(events) + 1)
+    ):
+        _check_file(path, session_id, events)
+    if read.torn is not None:
+        tail = _Tail(data.rfind(b"\n") + 1)
+    else:
+        tail = _Tail(len(data), missing_newline=bool(data) and not data.endswith(b"\n"))
+    return _SessionFile(session_id, read.events, tail, read.torn)
+
+
+def _check_file(path: Path, session_id: str, events: tuple[Envelope, ...]) -> None:
+    """Raise LogCorrupt or SeqError at the first event that is not the session's next."""
+    for expected, envelope in enumerate(events, start=1):
         if envelope.session_id != session_id:
             raise LogCorrupt(
                 f"{path} (session {session_id}): seq {envelope.seq} belongs to session "
@@ -288,11 +330,6 @@ def _load_file(path: Path) -> _SessionFile:
             gap = SeqError(session_id, envelope.seq, expected)
             gap.args = (f"{path}: {gap}",)
             raise gap
-    if read.torn is not None:
-        tail = _Tail(data.rfind(b"\n") + 1)
-    else:
-        tail = _Tail(len(data), missing_newline=bool(data) and not data.endswith(b"\n"))
-    return _SessionFile(session_id, read.events, tail, read.torn)
 
 
 def _last_good_seq(data: bytes, bad_line: int | None) -> int:

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Sequence
+from itertools import groupby
+from operator import attrgetter
 
 import anyio
 
 from turnkeeper.events._events import Envelope
+from turnkeeper.events._jsonl import gc_paused
 from turnkeeper.events._log import Batch, EventLog, SeqConflict
+
+_session_of = attrgetter("session_id")
 
 
 class EventStore:
@@ -20,11 +25,12 @@ class EventStore:
         self._sessions: dict[str, list[Envelope]] = {}
         self._order: list[Envelope] = []
 
-    def add(self, events: Iterable[Envelope]) -> None:
+    def add(self, events: Sequence[Envelope]) -> None:
         """Add events, each the next seq of its session."""
-        for envelope in events:
-            self._sessions.setdefault(envelope.session_id, []).append(envelope)
-            self._order.append(envelope)
+        self._order += events
+        sessions = self._sessions
+        for session_id, run in groupby(events, _session_of):
+            sessions.setdefault(session_id, []).extend(run)
 
     def last_seq(self, session_id: str) -> int:
         """The session's last seq; 0 if it has none."""
@@ -42,7 +48,8 @@ class EventStore:
     def read_all(self, after: int, limit: int | None) -> list[tuple[int, Envelope]]:
         """Events at positions > `after`, with their positions."""
         chosen = self._order[after:] if limit is None else self._order[after : after + limit]
-        return list(enumerate(chosen, start=after + 1))
+        with gc_paused():
+            return list(enumerate(chosen, start=after + 1))
 
 
 class MemoryLog(EventLog):

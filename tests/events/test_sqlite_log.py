@@ -614,3 +614,18 @@ async def test_rounds_of_any_size_land_whole(tmp_path: Path) -> None:
         for size in sizes:
             assert await log.read(f"s{size}") == run(f"s{size}", 1, 2 * size)
         assert len(await log.read_all()) == 2 * sum(sizes)
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("small_pages")
+async def test_a_body_of_another_event_on_a_later_page_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "log.db"
+    async with SqliteLog(path) as log:
+        await log.append(run("s1", 1, 10), expected_seq=0)
+    execute(path, "UPDATE events SET body = (SELECT body FROM events WHERE seq = 7) WHERE seq = 8")
+    async with SqliteLog(path) as log:
+        with pytest.raises(LogCorrupt, match="session s1 seq 8: body holds session s1 seq 7"):
+            await log.read_all()
+        with pytest.raises(LogCorrupt, match="session s1 seq 8: body holds session s1 seq 7"):
+            await log.read("s1")
+        assert [e for _, e in await log.read_all(limit=7)] == run("s1", 1, 7)

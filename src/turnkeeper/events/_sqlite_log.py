@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import gc
 import os
 import sqlite3
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from functools import partial
+from operator import attrgetter, itemgetter
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -15,7 +14,7 @@ import anyio
 
 from turnkeeper.events._errors import LogCorrupt, LogError, SeqError
 from turnkeeper.events._events import Envelope
-from turnkeeper.events._jsonl import decode_envelope, decode_envelopes
+from turnkeeper.events._jsonl import decode_envelope, decode_envelopes, gc_paused
 from turnkeeper.events._log import Batch, EventLog
 from turnkeeper.events._sqlite_writer import Writer, last_seq, sqlite_error
 
@@ -38,10 +37,13 @@ _SCHEMA = (
     )""",
     f"PRAGMA user_version = {_SCHEMA_VERSION}",
 )
-_READ = (
-    "SELECT session_id, seq, body FROM events WHERE session_id = ? AND seq > ? ORDER BY seq LIMIT ?"
-)
+# The session id is the one asked for: `_read` compares the bodies with it.
+_READ = "SELECT seq, body FROM events WHERE session_id = ? AND seq > ? ORDER BY seq LIMIT ?"
 _READ_ALL = "SELECT pos, session_id, seq, body FROM events WHERE pos > ? ORDER BY pos LIMIT ?"
+# A `_READ_ALL` row's position, and its session id and seq, which its envelope must have.
+_position = itemgetter(0)
+_row_names = itemgetter(1, 2)
+_names = attrgetter("session_id", "seq")
 _SESSIONS = "SELECT session_id FROM sessions ORDER BY id"
 _BUSY_TIMEOUT_MS = 5000
 # Rows per read: large enough that the worker-thread hop is cheap next to decoding the
@@ -103,10 +105,10 @@ class SqliteLog(EventLog):
             size = _PAGE if limit is None else min(limit - len(events), _PAGE)
             parameters = (session_id, after + len(events), size)
             rows = await self._on_reader(partial(_fetch, _READ, parameters))
-            with _gc_paused():
-                page = _decode_page(self.path, rows)
+            with gc_paused():
+                page = _decode_page(self.path, rows, session_id)
             expected = after + len(events) + 1
-            for (_, seq, _), envelope in zip(rows, page, strict=True):
+            for (seq, _), envelope in zip(rows, page, strict=True):
                 if envelope.session_id != session_id or envelope.seq != seq:
                     raise _mismatch(self.path, session_id, seq, envelope)
                 if seq != expected:
@@ -138,12 +140,12 @@ class SqliteLog(EventLog):
         while True:
             size = _PAGE if limit is None else min(limit - len(found), _PAGE)
             rows = await self._on_reader(partial(_fetch, _READ_ALL, (after, size)))
-            with _gc_paused():
+            with gc_paused():
                 page = _decode_page(self.path, rows)
-                for (position, session_id, seq, _), envelope in zip(rows, page, strict=True):
-                    if envelope.session_id != session_id or envelope.seq != seq:
-                        raise _mismatch(self.path, session_id, seq, envelope)
-                    found.append((position, envelope))
+                # Compared a page at a time; a page that differs is walked to name its row.
+                if list(map(_names, page)) != list(map(_row_names, rows)):
+                    raise _first_mismatch(self.path, rows, page)
+                found += zip(map(_position, rows), page, strict=True)
             if len(rows) < size or len(found) == limit:
                 return found
             after = found[-1][0]
@@ -223,12 +225,13 @@ def _user_version(connection: sqlite3.Connection) -> int:
 
 def _fetch(query: str, parameters: tuple[object, ...], connection: sqlite3.Connection) -> list[Any]:
     """In a worker thread: a page of rows, the body last."""
-    with _gc_paused():
+    with gc_paused():
         return connection.execute(query, parameters).fetchall()
 
 
-def _decode_page(path: Path, rows: list[Any]) -> list[Envelope]:
-    """The envelopes in a page of rows (the body last, after its session id and seq).
+def _decode_page(path: Path, rows: list[Any], session_id: str | None = None) -> list[Envelope]:
+    """The envelopes in a page of rows: each row ends with its session id, seq and body,
+    or only its seq and body when every row is of `session_id`.
 
     All the bodies decode in one pass unless one of them is bad; then each row decodes
     alone, so the error names the first bad one. The caller checks the columns.
@@ -236,7 +239,9 @@ def _decode_page(path: Path, rows: list[Any]) -> list[Envelope]:
     try:
         return decode_envelopes([row[-1] for row in rows])
     except LogCorrupt:
-        return [_decode_row(path, *row[-3:]) for row in rows]
+        if session_id is None:
+            return [_decode_row(path, *row[-3:]) for row in rows]
+        return [_decode_row(path, session_id, *row) for row in rows]
 
 
 def _decode_row(path: Path, session_id: Any, seq: Any, body: Any) -> Envelope:
@@ -257,21 +262,10 @@ def _mismatch(path: Path, session_id: Any, seq: Any, envelope: Envelope) -> LogC
     )
 
 
-@contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Hold off the cycle collector while a page of rows is fetched or decoded.
-
-    Each row and event makes a few containers the collector tracks, so a page of them
-    would set off several collections, each walking every tracked object in the process
-    (Mercurial's `nogc` does the same for bulk loads). Nothing made here forms a cycle;
-    the collector sees the objects once it runs again. The switch is process-wide: code
-    that turns the collector off while a page is being read finds it back on after.
-    """
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
+def _first_mismatch(path: Path, rows: list[Any], page: list[Envelope]) -> LogCorrupt:
+    """The error naming the first of `rows` (position, session id, seq, body) whose envelope
+    in `page` is not of its session id and seq."""
+    for (_, session_id, seq, _), envelope in zip(rows, page, strict=True):
+        if envelope.session_id != session_id or envelope.seq != seq:
+            return _mismatch(path, session_id, seq, envelope)
+    raise AssertionError("every envelope matches its row")

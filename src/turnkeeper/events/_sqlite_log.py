@@ -104,8 +104,9 @@ class SqliteLog(EventLog):
         while True:
             size = _PAGE if limit is None else min(limit - len(events), _PAGE)
             parameters = (session_id, after + len(events), size)
-            rows = await self._on_reader(partial(_fetch, _READ, parameters))
+            # One pause of the cycle collector for the rows and the envelopes they hold.
             with gc_paused():
+                rows = await self._on_reader(partial(_fetch, _READ, parameters))
                 page = _decode_page(self.path, rows, session_id)
             expected = after + len(events) + 1
             for (seq, _), envelope in zip(rows, page, strict=True):
@@ -139,8 +140,8 @@ class SqliteLog(EventLog):
         found: list[tuple[int, Envelope]] = []
         while True:
             size = _PAGE if limit is None else min(limit - len(found), _PAGE)
-            rows = await self._on_reader(partial(_fetch, _READ_ALL, (after, size)))
             with gc_paused():
+                rows = await self._on_reader(partial(_fetch, _READ_ALL, (after, size)))
                 page = _decode_page(self.path, rows)
                 # Compared a page at a time; a page that differs is walked to name its row.
                 if list(map(_names, page)) != list(map(_row_names, rows)):
@@ -225,8 +226,7 @@ def _user_version(connection: sqlite3.Connection) -> int:
 
 def _fetch(query: str, parameters: tuple[object, ...], connection: sqlite3.Connection) -> list[Any]:
     """In a worker thread: a page of rows, the body last."""
-    with gc_paused():
-        return connection.execute(query, parameters).fetchall()
+    return connection.execute(query, parameters).fetchall()
 
 
 def _decode_page(path: Path, rows: list[Any], session_id: str | None = None) -> list[Envelope]:

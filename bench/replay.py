@@ -4,17 +4,22 @@
 
 Records sessions of tool round trips with a scripted model into both logs, then times
 reading every session back and folding it into its state with `replay` (and, to show
-where the time goes, reading alone and folding alone).
+where the time goes, reading alone, folding alone, and the share of the time the cycle
+collector ran). Each figure is the median of `--repeat` runs, with the best run.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import anyio
 
@@ -88,6 +93,39 @@ def time_fold(sessions: list[list[Envelope]]) -> float:
     return time.perf_counter() - started
 
 
+@contextmanager
+def collector_time() -> Iterator[list[float]]:
+    """Seconds the cycle collector runs within the block, in the one-item list yielded."""
+    spent = [0.0]
+    started = [0.0]
+
+    def note(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+        else:
+            spent[0] += time.perf_counter() - started[0]
+
+    gc.callbacks.append(note)
+    try:
+        yield spent
+    finally:
+        gc.callbacks.remove(note)
+
+
+async def rates(total: int, repeat: int, timed: Callable[[], Awaitable[float]]) -> str:
+    """The median and best of `repeat` runs of `timed` in events per second, and the share
+    of the time the cycle collector ran (over all runs)."""
+    seconds = []
+    with collector_time() as collecting:
+        for _ in range(repeat):
+            seconds.append(await timed())
+    speeds = [total / taken for taken in seconds]
+    return (
+        f"median {statistics.median(speeds):,.0f} events/s (best {max(speeds):,.0f}; "
+        f"collector {collecting[0] / sum(seconds):.0%})"
+    )
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sessions", type=int, default=200)
@@ -95,7 +133,10 @@ async def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
     template = await record(args.turns)
-    print(f"{args.sessions} sessions of {len(template)} events ({args.turns} tool round trips)")
+    print(
+        f"{args.sessions} sessions of {len(template)} events ({args.turns} tool round trips), "
+        f"{args.sessions * len(template):,} events; each figure over {args.repeat} runs"
+    )
     with tempfile.TemporaryDirectory() as folder:
         openers: dict[str, Callable[[], EventLog]] = {
             "SQLite": lambda: SqliteLog(Path(folder) / "log.sqlite"),
@@ -105,17 +146,17 @@ async def main() -> None:
         for name, open_log in openers.items():
             async with open_log() as log:
                 total = await fill(log, args.sessions, template)
-            rates = [total / await time_replay(open_log) for _ in range(args.repeat)]
-            read_rates = [total / await time_read(open_log) for _ in range(args.repeat)]
-            print(
-                f"  {name:6}: median {statistics.median(rates):>10,.0f} events/s "
-                f"(best {max(rates):,.0f}, {total:,} events, open + read + replay); "
-                f"open + read alone: median {statistics.median(read_rates):,.0f} events/s"
-            )
+            replayed = await rates(total, args.repeat, partial(time_replay, open_log))
+            read = await rates(total, args.repeat, partial(time_read, open_log))
+            print(f"  {name:6}  open + read + replay: {replayed}")
+            print(f"  {name:6}  open + read alone:    {read}")
         async with openers["SQLite"]() as log:
             sessions = [await log.read(session_id) for session_id in await log.sessions()]
-        fold_rates = [total / time_fold(sessions) for _ in range(args.repeat)]
-        print(f"  fold only (in memory): median {statistics.median(fold_rates):,.0f} events/s")
+
+        async def fold_only() -> float:
+            return time_fold(sessions)
+
+        print(f"  fold only (in memory):        {await rates(total, args.repeat, fold_only)}")
 
 
 if __name__ == "__main__":

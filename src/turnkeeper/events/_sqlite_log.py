@@ -16,7 +16,7 @@ from turnkeeper.events._errors import LogCorrupt, LogError, SeqError
 from turnkeeper.events._events import Envelope
 from turnkeeper.events._jsonl import decode_envelope, decode_envelopes, gc_paused
 from turnkeeper.events._log import Batch, EventLog
-from turnkeeper.events._sqlite_writer import Writer, last_seq, sqlite_error
+from turnkeeper.events._sqlite_writer import Writer, last_seq, sqlite_error, transaction
 
 _T = TypeVar("_T")
 
@@ -198,14 +198,8 @@ def _ensure_schema(connection: sqlite3.Connection, path: Path) -> None:
     """Create the tables in a new file; refuse a file with another schema."""
     if _user_version(connection) == _SCHEMA_VERSION:
         return
-    connection.execute("BEGIN IMMEDIATE")
-    try:
+    with transaction(connection):
         _create_schema(connection, path)
-        connection.execute("COMMIT")
-    except BaseException:
-        if connection.in_transaction:
-            connection.execute("ROLLBACK")
-        raise
 
 
 def _create_schema(connection: sqlite3.Connection, path: Path) -> None:

@@ -6,6 +6,8 @@ import contextlib
 import socket
 import sqlite3
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import anyio
@@ -246,8 +248,7 @@ class Writer:
         # Each event's five column values, one after another.
         values: list[str | int | float | bytes] = []
         try:
-            connection.execute("BEGIN IMMEDIATE")
-            try:
+            with transaction(connection):
                 (version,) = connection.execute("PRAGMA data_version").fetchone()
                 if version != self._data_version:
                     # Another connection has committed since this one last looked.
@@ -272,11 +273,6 @@ class Writer:
                     outcomes.append(None)
                 connection.executemany(_INSERT_SESSION, new_sessions)
                 _insert_events(connection, values)
-                connection.execute("COMMIT")
-            except BaseException:
-                if connection.in_transaction:
-                    connection.execute("ROLLBACK")
-                raise
         except sqlite3.Error as exc:
             self._forget_last_seqs()
             return [sqlite_error(self.path, exc) for _ in batches]
@@ -310,6 +306,19 @@ class Writer:
         """After a failed transaction, learn each session's last seq from the file again."""
         self._last_seqs.clear()
         self._data_version = None
+
+
+@contextmanager
+def transaction(connection: sqlite3.Connection) -> Iterator[None]:
+    """A write transaction around the block: committed if it returns, else rolled back."""
+    connection.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+        connection.execute("COMMIT")
+    except BaseException:
+        if connection.in_transaction:
+            connection.execute("ROLLBACK")
+        raise
 
 
 def last_seq(connection: sqlite3.Connection, path: Path, session_id: str) -> int:

@@ -487,13 +487,14 @@ _RULES: dict[type, _Rule] = {
 
 class _Trip:
     """The fields of a state that tool round trips change, taken out of it in a form a fold
-    can change in place, and put back into it."""
+    can change in place, and put back into it; the messages they add go to `history`, the
+    fold's list of the whole history (see `fold`)."""
 
     __slots__ = (
-        "added",
         "completion_tokens",
         "episode_completion_tokens",
         "episode_prompt_tokens",
+        "history",
         "in_poll",
         "last_unreadable",
         "pending",
@@ -507,9 +508,9 @@ class _Trip:
         "stop_reason",
     )
 
-    def __init__(self, state: SessionState) -> None:
+    def __init__(self, state: SessionState, history: list[Message]) -> None:
         self.state = state
-        self.added: list[Message] = []
+        self.history = history
         self.polls = state.polls
         self.seen = set(state.seen)
         self.pending = state.pending
@@ -525,11 +526,9 @@ class _Trip:
         self.returned = list(state.returned)
 
     def put(self) -> SessionState:
-        """The state with the round trips applied."""
-        state = self.state
+        """The state with the round trips applied, but for the messages they added."""
         return _replace(
-            state,
-            history=state.history + tuple(self.added) if self.added else state.history,
+            self.state,
             polls=self.polls,
             seen=frozenset(self.seen),
             pending=self.pending,
@@ -553,7 +552,7 @@ class _Trip:
             return False
         if not uses:
             return False
-        self.added.append(event.message)
+        self.history.append(event.message)
         self.polls += 1
         for use in uses:
             self.seen.add(call_key(use.name, use.input))
@@ -601,7 +600,7 @@ class _Trip:
             ):
                 return False
             messages.append(tool_message(result.tool_use_id, result.text))
-        self.added += messages
+        self.history += messages
         self.returned.clear()
         self.pending = ()
         self.status = "running"
@@ -617,12 +616,15 @@ def fold(state: SessionState, events: Iterable[Envelope]) -> SessionState:
     each call's result, then the results together. The fold applies those to a `_Trip`
     when nothing else is going on (see its methods), putting it back into the state only
     for another event's rule and at the end: a round trip copies neither the state nor
-    its history. Every other event goes through its rule.
+    its history. Every other event goes through its rule. Rules only ever add messages at
+    the end of the history, so a rule gets a state holding none of it, and the messages
+    it adds join the fold's list: the history is made once, at the end.
     """
     session_id = state.session_id
     seq = state.seq
     rules = _RULES
-    trip = _Trip(state)
+    history = list(state.history)
+    trip = _Trip(_replace(state, history=()), history)
     for envelope in events:
         if envelope.session_id != session_id or envelope.seq != seq + 1:
             raise _out_of_order(session_id, seq + 1, envelope)
@@ -636,5 +638,7 @@ def fold(state: SessionState, events: Iterable[Envelope]) -> SessionState:
         ):
             rule = rules.get(type(event))
             if rule is not None:
-                trip = _Trip(rule(trip.put(), event, envelope))
-    return _replace(trip.put(), seq=seq)
+                changed = rule(trip.put(), event, envelope)
+                history += changed.history
+                trip = _Trip(_replace(changed, history=()), history)
+    return _replace(trip.put(), seq=seq, history=tuple(history))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import typing
 from typing import Any
@@ -255,3 +256,9 @@ def test_events_compare_and_hash_by_value() -> None:
     assert MessageReceived(text="a") != MessageReceived(text="b")
     assert hash(Cancelled(reason="x")) == hash(Cancelled(reason="x"))
     assert msgspec.structs.replace(EXAMPLES[1], text="other") != EXAMPLES[1]
+
+
+def test_events_and_envelopes_are_left_to_reference_counting() -> None:
+    envelope = Envelope("s1", 1, 0.0, ToolReturned(tool_call_id="c1", text="ok"))
+    assert not gc.is_tracked(envelope)
+    assert not gc.is_tracked(envelope.event)

@@ -10,8 +10,14 @@ from turnkeeper.events._policy import GuardConfig
 from turnkeeper.events._types import AgentSpec, Message, ToolResult, Usage
 
 
-class Event(msgspec.Struct, frozen=True, tag_field="type"):
-    """Base of every event; the `type` tag on the wire is the class's explicit `tag`."""
+class Event(msgspec.Struct, frozen=True, gc=False, tag_field="type"):
+    """Base of every event; the `type` tag on the wire is the class's explicit `tag`.
+
+    Events and envelopes are not tracked by the cycle collector (`gc=False`): they hold
+    only data that cannot point back at them, and a log read or replay makes thousands,
+    which the collector would otherwise walk again and again (a fifth to a half of the
+    time of reading a log).
+    """
 
 
 class SessionOpened(Event, frozen=True, tag="local.session_opened"):
@@ -172,7 +178,7 @@ AnyEvent = (
 )
 
 
-class Envelope(msgspec.Struct, frozen=True):
+class Envelope(msgspec.Struct, frozen=True, gc=False):
     """One logged event: `seq` is 1, 2, 3... per session, `at` is Unix time in seconds."""
 
     session_id: Annotated[str, msgspec.Meta(min_length=1)]

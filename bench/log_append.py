@@ -20,6 +20,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import anyio
@@ -106,23 +107,24 @@ async def main(args: argparse.Namespace) -> None:
     header += f"{'per commit':>10} {'p50 ms':>8} {'p99 ms':>8}"
     kinds = args.logs.split(",")
     with tempfile.TemporaryDirectory() as directory:
-        if "sqlite" in kinds:
-            print("\nSqliteLog (WAL, synchronous=FULL, group commit)")
+        logs: dict[str, tuple[str, Callable[[], SqliteLog | JsonlLog]]] = {
+            "sqlite": (
+                "SqliteLog (WAL, synchronous=FULL, group commit)",
+                partial(SqliteLog, Path(directory) / "log.db"),
+            ),
+            "jsonl": (
+                "JsonlLog (one file per session, fsync per append)",
+                partial(JsonlLog, Path(directory) / "jsonl"),
+            ),
+        }
+        for kind, (title, open_log) in logs.items():
+            if kind not in kinds:
+                continue
+            print(f"\n{title}")
             print(header)
-            async with SqliteLog(Path(directory) / "log.db") as sqlite_log:
+            async with open_log() as log:
                 for appenders in appender_counts:
-                    line = await measure(
-                        sqlite_log, lambda: sqlite_log.commits, appenders, args.seconds
-                    )
-                    print(line, flush=True)
-        if "jsonl" in kinds:
-            print("\nJsonlLog (one file per session, fsync per append)")
-            print(header)
-            async with JsonlLog(Path(directory) / "jsonl") as jsonl_log:
-                for appenders in appender_counts:
-                    line = await measure(
-                        jsonl_log, lambda: jsonl_log.commits, appenders, args.seconds
-                    )
+                    line = await measure(log, lambda: log.commits, appenders, args.seconds)
                     print(line, flush=True)
 
 

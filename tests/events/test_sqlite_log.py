@@ -21,7 +21,6 @@ from hypothesis import strategies as st
 from tests.events.test_logs import envelope, run
 from turnkeeper.events import Envelope, LogCorrupt, LogError, SeqError
 from turnkeeper.events import _sqlite_log as sqlite_log
-from turnkeeper.events import _sqlite_writer as sqlite_writer
 from turnkeeper.events._log import Batch, SeqConflict
 from turnkeeper.events._sqlite_log import SqliteLog
 
@@ -202,6 +201,25 @@ async def test_another_schema_version_is_refused(tmp_path: Path) -> None:
     execute(path, "PRAGMA user_version = 7")
     with pytest.raises(LogError, match="schema version 7 is not turnkeeper's"):
         await SqliteLog(path).sessions()
+
+
+@pytest.mark.anyio
+async def test_a_version_1_file_is_upgraded_and_keeps_its_sessions(tmp_path: Path) -> None:
+    path = tmp_path / "log.db"
+    async with SqliteLog(path) as log:
+        await log.append(run("old", 1, 2), expected_seq=0)
+    # Version 1 had no trigger: its writer inserted the sessions' rows itself.
+    execute(path, "DROP TRIGGER session_opened", "PRAGMA user_version = 1")
+    async with SqliteLog(path) as log:
+        await log.append(run("new", 1, 1), expected_seq=0)
+        await log.append(run("old", 3, 1), expected_seq=2)
+        assert await log.sessions() == ["old", "new"]
+        assert await log.read("old") == run("old", 1, 3)
+    connection = sqlite3.connect(path)
+    try:
+        assert connection.execute("PRAGMA user_version").fetchone() == (2,)
+    finally:
+        connection.close()
 
 
 @pytest.mark.anyio
@@ -452,8 +470,9 @@ async def test_another_process_writing_between_two_appends_is_seen(tmp_path: Pat
         assert await log.read("s1") == run("s1", 1, 4)
 
 
-class FailsAfterCommit:
-    """The writer's connection, but the next COMMIT reports an error after it has committed."""
+class FailsAfterInsert:
+    """The writer's connection, but the next insert of events reports an error after its
+    rows have been committed."""
 
     def __init__(self, connection: sqlite3.Connection) -> None:
         self.connection = connection
@@ -461,13 +480,10 @@ class FailsAfterCommit:
 
     def execute(self, sql: str, *parameters: Any) -> sqlite3.Cursor:
         cursor = self.connection.execute(sql, *parameters)
-        if sql == "COMMIT" and self.armed:
+        if sql.startswith("INSERT INTO events") and self.armed:
             self.armed = False
             raise sqlite3.OperationalError("disk I/O error (after the commit)")
         return cursor
-
-    def executemany(self, sql: str, rows: Any) -> sqlite3.Cursor:
-        return self.connection.executemany(sql, rows)
 
     @property
     def in_transaction(self) -> bool:
@@ -478,37 +494,21 @@ class FailsAfterCommit:
 
 
 @pytest.mark.anyio
-async def test_after_a_failed_commit_the_writer_asks_the_file_again(
+async def test_after_a_failed_commit_the_file_has_the_last_word(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async with SqliteLog(tmp_path / "log.db") as log:
         await log.append(run("s1", 1, 1), expected_seq=0)
         writer = log._writer
-        monkeypatch.setattr(writer, "_connection", FailsAfterCommit(writer._connection))
+        monkeypatch.setattr(writer, "_connection", FailsAfterInsert(writer._connection))
         with pytest.raises(LogError, match="disk I/O error"):
             await log.append(run("s1", 2, 1), expected_seq=1)
-        # The append did land: the writer must not trust what it remembered before it.
+        # The append did land: appending it again is a conflict, and the next one follows it.
         with pytest.raises(SeqConflict) as conflict:
             await log.append(run("s1", 2, 1), expected_seq=1)
         assert conflict.value.actual == 2
         await log.append(run("s1", 3, 1), expected_seq=2)
         assert await log.read("s1") == run("s1", 1, 3)
-
-
-@pytest.mark.anyio
-async def test_remembered_last_seqs_are_bounded(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(sqlite_writer, "_KNOWN_SESSIONS", 2)
-    async with SqliteLog(tmp_path / "log.db") as log:
-        for seq in range(1, 4):
-            for index in range(5):
-                await log.append([envelope(f"s{index}", seq)], expected_seq=seq - 1)
-                assert len(log._writer._last_seqs) <= 3
-        with pytest.raises(SeqConflict):
-            await log.append([envelope("s0", 3)], expected_seq=2)
-        for index in range(5):
-            assert await log.read(f"s{index}") == run(f"s{index}", 1, 3)
 
 
 class HeldCommits:
@@ -603,8 +603,9 @@ async def test_a_cancelled_append_is_written_once_taken_and_not_before(
 
 @pytest.mark.anyio
 async def test_rounds_of_any_size_land_whole(tmp_path: Path) -> None:
-    # Rows go in by statements of 64, 32, ..., 1 rows: these sizes use each of them.
-    sizes = [1, 2, 3, 63, 64, 65, 127, 130, 200]
+    # A statement holds 8, 16, ... 4096 rows; a round of more takes several, and an
+    # append of more takes several of its own.
+    sizes = [1, 7, 8, 9, 63, 64, 65, 130, 1000, 4095, 4096, 4097, 9000]
     async with SqliteLog(tmp_path / "log.db") as log:
         async with anyio.create_task_group() as group:
             for size in sizes:
@@ -614,6 +615,25 @@ async def test_rounds_of_any_size_land_whole(tmp_path: Path) -> None:
         for size in sizes:
             assert await log.read(f"s{size}") == run(f"s{size}", 1, 2 * size)
         assert len(await log.read_all()) == 2 * sum(sizes)
+        assert sorted(await log.sessions()) == sorted(f"s{size}" for size in sizes)
+
+
+@pytest.mark.anyio
+async def test_a_conflict_in_an_append_too_long_for_one_statement_writes_none_of_it(
+    tmp_path: Path,
+) -> None:
+    async with SqliteLog(tmp_path / "log.db") as log:
+        await log.append(run("s1", 1, 4097), expected_seq=0)
+        # Its first statement's rows fail their check; its second statement's would pass
+        # (they expect seq 4097), but it never runs.
+        with pytest.raises(SeqConflict) as conflict:
+            await log.append(run("s1", 2, 5000), expected_seq=1)
+        assert conflict.value.actual == 4097
+        await log.append(run("s2", 1, 1), expected_seq=0)
+        with pytest.raises(SeqConflict):
+            await log.append(run("s2", 1, 5000), expected_seq=0)
+        assert await log.read("s1") == run("s1", 1, 4097)
+        assert await log.read("s2") == run("s2", 1, 1)
 
 
 @pytest.mark.anyio

@@ -20,7 +20,13 @@ from turnkeeper.events._sqlite_writer import Writer, last_seq, sqlite_error, tra
 
 _T = TypeVar("_T")
 
-_SCHEMA_VERSION = 1
+_SCHEMA_VERSION = 2
+# A session is in the sessions table exactly when it has events: its first event puts it
+# there, in the statement that inserts it. (Version 1 had no trigger: its writer inserted
+# the row itself. Opening a version 1 file adds the trigger.)
+_SESSIONS_TRIGGER = """CREATE TRIGGER IF NOT EXISTS session_opened AFTER INSERT ON events
+    WHEN NEW.seq = 1
+    BEGIN INSERT INTO sessions (session_id) VALUES (NEW.session_id); END"""
 _SCHEMA = (
     """CREATE TABLE sessions (
         id INTEGER PRIMARY KEY,
@@ -35,8 +41,10 @@ _SCHEMA = (
         body BLOB NOT NULL,
         UNIQUE (session_id, seq)
     )""",
+    _SESSIONS_TRIGGER,
     f"PRAGMA user_version = {_SCHEMA_VERSION}",
 )
+_UPGRADE = (_SESSIONS_TRIGGER, f"PRAGMA user_version = {_SCHEMA_VERSION}")
 # The session id is the one asked for: `_read` compares the bodies with it.
 _READ = "SELECT seq, body FROM events WHERE session_id = ? AND seq > ? ORDER BY seq LIMIT ?"
 _READ_ALL = "SELECT pos, session_id, seq, body FROM events WHERE pos > ? ORDER BY pos LIMIT ?"
@@ -195,7 +203,7 @@ def _configure(connection: sqlite3.Connection, path: Path) -> None:
 
 
 def _ensure_schema(connection: sqlite3.Connection, path: Path) -> None:
-    """Create the tables in a new file; refuse a file with another schema."""
+    """Create the tables in a new file, upgrade a version 1 file; refuse any other schema."""
     if _user_version(connection) == _SCHEMA_VERSION:
         return
     with transaction(connection):
@@ -203,13 +211,14 @@ def _ensure_schema(connection: sqlite3.Connection, path: Path) -> None:
 
 
 def _create_schema(connection: sqlite3.Connection, path: Path) -> None:
-    """Inside a write transaction: create the tables unless another process just did."""
+    """Inside a write transaction: create or upgrade the schema unless another process
+    just did."""
     version = _user_version(connection)
     if version == _SCHEMA_VERSION:
         return
-    if version != 0:
+    if version not in (0, 1):
         raise LogError(f"{path}: schema version {version} is not turnkeeper's ({_SCHEMA_VERSION})")
-    for statement in _SCHEMA:
+    for statement in _SCHEMA if version == 0 else _UPGRADE:
         connection.execute(statement)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import socket
 import sqlite3
 import threading
@@ -11,27 +12,33 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import anyio
-import msgspec
 
 from turnkeeper.events._errors import LogCorrupt, LogError
 from turnkeeper.events._log import Batch, SeqConflict
 
 _LAST_SEQ = "SELECT max(seq) FROM events WHERE session_id = ?"
-_INSERT_SESSION = "INSERT INTO sessions (session_id) VALUES (?)"
-# Which of the ids in a JSON array are in the file: one statement for any number of them.
-_KNOWN_IDS = "SELECT session_id FROM sessions WHERE session_id IN (SELECT value FROM json_each(?))"
-# Events go in up to 64 rows per statement: a statement per row costs nearly twice as much
-# (and each one lets go of the GIL). Sizes are powers of two, so a few statements serve.
-_INSERT_SIZES = (64, 32, 16, 8, 4, 2, 1)
-_INSERT_EVENTS = {
-    size: "INSERT INTO events (session_id, seq, at, type, body) VALUES "
-    + ", ".join(["(?, ?, ?, ?, ?)"] * size)
-    for size in _INSERT_SIZES
-}
-# Sessions whose last seq the writer remembers; past this it starts again from empty.
-_KNOWN_SESSIONS = 100_000
-
-_json = msgspec.json.Encoder()
+_WRITTEN = "SELECT session_id, seq FROM events WHERE pos > ? AND pos <= ?"
+# One statement writes a round's appends: each row carries its session id, seq, time,
+# type and body, the seq its append expects the session to be at, and its place. A row
+# is kept only if that expected seq is the session's last seq in the file: SQLite checks
+# every row before it inserts any (it sorts them first), so an append's rows are kept or
+# dropped together. A statement outside a transaction is one: it begins, inserts and
+# commits in one call to SQLite, without the GIL. That is the point: the event loop's
+# thread, busy running sessions, hands the GIL back only every few milliseconds, and
+# each call that lets go of it (a BEGIN, a check, a COMMIT) delayed the commit by as
+# much. (The sessions table fills itself, by a trigger.)
+_COLUMNS = 7
+_INSERT = (
+    "INSERT INTO events (session_id, seq, at, type, body) "
+    "SELECT column1, column2, column3, column4, column5 FROM (VALUES {rows}) "
+    "WHERE coalesce((SELECT max(seq) FROM events WHERE session_id = column1), 0) = column6 "
+    "ORDER BY column7"
+)
+# Statements hold 8, 16, 32... rows, the rest padding that no check keeps, so a few
+# prepared statements serve every round.
+_SMALLEST = 8
+_MOST_ROWS = 4096
+_PADDING: tuple[str | int | float | bytes, ...] = ("", 0, 0.0, "", b"", -1)
 
 
 class Pending:
@@ -67,16 +74,16 @@ class Writer:
     """Commits appends on `connection` in a thread of its own.
 
     Appends gather in a round while the round before commits; as soon as it has, the
-    thread takes the gathered round, one transaction, with no trip through the event loop
-    in between, so an append waits for at most the round before its own. The thread
-    tells the event loop through a socket: one waiting task watches it and settles every
-    round committed since, waking each round's tasks once. The watcher hands the watch to
-    the leader of another waiting round when it leaves.
+    thread takes the gathered round, with no trip through the event loop in between, so
+    an append waits for at most the round before its own. The thread tells the event
+    loop through a socket: one waiting task watches it and settles every round committed
+    since, waking each round's tasks once. The watcher hands the watch to the leader of
+    another waiting round when it leaves.
 
-    Each append's expected seq is checked inside the transaction; a conflict fails only
-    that append. The writer remembers each session's last seq after its own commits, so a
-    round needs no query per append; the memory is trusted only while `PRAGMA
-    data_version` says no other connection has committed to the file since.
+    A round is one statement, its own transaction (see `_INSERT`), unless it is too large
+    for one or holds two appends of a session: then a statement per group of appends. Each
+    append's expected seq is checked by the statement that writes it, against the file,
+    so a conflict with another writer, even in another process, fails only that append.
     """
 
     def __init__(self, connection: sqlite3.Connection, path: Path) -> None:
@@ -96,9 +103,9 @@ class Writer:
         self._unsettled: dict[Round, None] = {}
         self._watched = False
         self._leaders: dict[Round, None] = {}
-        # The thread's own: each session's last seq, valid for this data_version.
-        self._last_seqs: dict[str, int] = {}
-        self._data_version: int | None = None
+        # Rows per statement: as many as SQLite's limit on parameters allows, up to 4096.
+        limit = connection.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // _COLUMNS
+        self._most_rows = min(_MOST_ROWS, 1 << (limit.bit_length() - 1))
         self._receive, self._send = socket.socketpair()
         self._receive.setblocking(False)
         self._thread = threading.Thread(
@@ -237,75 +244,76 @@ class Writer:
                 self._send.send(b"\0")
 
     def _commit(self, batches: list[Batch]) -> list[LogError | None]:
-        """Write every batch whose expected seq holds, in one transaction."""
-        if not batches:
-            return []
+        """Write every batch whose expected seq holds, in one transaction: one statement
+        (see `_INSERT`), or, for a round too large for one or holding two appends of a
+        session, a statement per group of batches (see `_groups`)."""
+        outcomes: list[LogError | None] = [None] * len(batches)
+        groups = _groups(batches, self._most_rows)
         connection = self._connection
-        known = self._last_seqs
-        outcomes: list[LogError | None] = []
-        written: dict[str, int] = {}
-        new_sessions: list[tuple[str]] = []
-        # Each event's five column values, one after another.
-        values: list[str | int | float | bytes] = []
         try:
-            with transaction(connection):
-                (version,) = connection.execute("PRAGMA data_version").fetchone()
-                if version != self._data_version:
-                    # Another connection has committed since this one last looked.
-                    known.clear()
-                    self._data_version = version
-                self._learn(batches)
-                for batch in batches:
-                    session_id = batch.session_id
-                    actual = written.get(session_id)
-                    if actual is None:
-                        actual = known.get(session_id)
-                        if actual is None:
-                            actual = last_seq(connection, self.path, session_id)
-                    if actual != batch.expected_seq:
-                        outcomes.append(SeqConflict(session_id, batch.expected_seq, actual))
-                        continue
-                    if actual == 0:
-                        new_sessions.append((session_id,))
-                    for envelope, line in zip(batch.events, batch.lines, strict=True):
-                        values += (session_id, envelope.seq, envelope.at, envelope.type, line)
-                    written[session_id] = batch.events[-1].seq
-                    outcomes.append(None)
-                connection.executemany(_INSERT_SESSION, new_sessions)
-                _insert_events(connection, values)
+            if len(groups) == 1 and not self._too_long(batches[groups[0][0]]):
+                written = self._write_group(groups[0], batches, outcomes)
+            else:
+                with transaction(connection):
+                    written = 0
+                    for group in groups:
+                        if self._too_long(batches[group[0]]):
+                            written += self._write_long(group[0], batches[group[0]], outcomes)
+                        else:
+                            written += self._write_group(group, batches, outcomes)
         except sqlite3.Error as exc:
-            self._forget_last_seqs()
             return [sqlite_error(self.path, exc) for _ in batches]
         except LogCorrupt as exc:
-            self._forget_last_seqs()
             return [LogCorrupt(str(exc)) for _ in batches]
-        if values:
+        if written:
             self.commits += 1
-            if len(known) > _KNOWN_SESSIONS:
-                known.clear()
-            known.update(written)
         return outcomes
 
-    def _learn(self, batches: list[Batch]) -> None:
-        """Remember as 0 the last seq of the round's sessions that are not in the file.
+    def _too_long(self, batch: Batch) -> bool:
+        """Whether the batch is too long for one statement (and so alone in its group)."""
+        return len(batch.events) > self._most_rows
 
-        One lookup for all of them instead of one query each: a round of new
-        sessions (a worker starting thousands at once) would otherwise query every one.
-        A session is in the sessions table exactly when it has events.
-        """
-        known = self._last_seqs
-        unknown = list({batch.session_id for batch in batches if batch.session_id not in known})
-        if not unknown:
-            return
-        found = {row[0] for row in self._connection.execute(_KNOWN_IDS, (_json.encode(unknown),))}
-        for session_id in unknown:
-            if session_id not in found:
-                known[session_id] = 0
+    def _write_group(
+        self, group: list[int], batches: list[Batch], outcomes: list[LogError | None]
+    ) -> int:
+        """Write the batches of `group` (of distinct sessions) in one statement; the
+        number of rows written."""
+        rows = [batches[index] for index in group]
+        cursor = _insert(self._connection, [(batch, 0, len(batch.events)) for batch in rows])
+        written = cursor.rowcount
+        if written == sum(len(batch.events) for batch in rows):
+            return written
+        # Some expected seq did not hold (another writer's append came first). The rows
+        # the statement inserted are the `written` last positions up to its last one.
+        last = cursor.lastrowid
+        assert last is not None
+        inserted = set(self._connection.execute(_WRITTEN, (last - written, last)).fetchall())
+        for index, batch in zip(group, rows, strict=True):
+            if (batch.session_id, batch.events[0].seq) not in inserted:
+                outcomes[index] = self._conflict(batch)
+        return written
 
-    def _forget_last_seqs(self) -> None:
-        """After a failed transaction, learn each session's last seq from the file again."""
-        self._last_seqs.clear()
-        self._data_version = None
+    def _write_long(self, index: int, batch: Batch, outcomes: list[LogError | None]) -> int:
+        """Write a batch too long for one statement, by several, inside the transaction;
+        none of it if one statement's check fails. The number of rows written."""
+        connection = self._connection
+        size = self._most_rows
+        connection.execute("SAVEPOINT long_append")
+        for start in range(0, len(batch.events), size):
+            end = min(start + size, len(batch.events))
+            if _insert(connection, [(batch, start, end)]).rowcount != end - start:
+                connection.execute("ROLLBACK TO long_append")
+                connection.execute("RELEASE long_append")
+                outcomes[index] = self._conflict(batch)
+                return 0
+        connection.execute("RELEASE long_append")
+        return len(batch.events)
+
+    def _conflict(self, batch: Batch) -> SeqConflict:
+        """The conflict that kept the batch out: the session's last seq is not the one
+        the batch expects."""
+        actual = last_seq(self._connection, self.path, batch.session_id)
+        return SeqConflict(batch.session_id, batch.expected_seq, actual)
 
 
 @contextmanager
@@ -339,11 +347,48 @@ def sqlite_error(path: Path, exc: sqlite3.Error) -> LogError:
     return LogError(f"{path}: {exc}")
 
 
-def _insert_events(connection: sqlite3.Connection, values: list[str | int | float | bytes]) -> None:
-    """Insert events from their column values, five per event, with few statements."""
-    start = 0
-    for size in _INSERT_SIZES:
-        width = 5 * size
-        while len(values) - start >= width:
-            connection.execute(_INSERT_EVENTS[size], values[start : start + width])
-            start += width
+def _groups(batches: list[Batch], most_rows: int) -> list[list[int]]:
+    """The batches (by index, in order) in groups of at most `most_rows` rows, no session
+    twice in a group (each row checks the file as it was before its statement), and a
+    batch longer than that alone."""
+    groups: list[list[int]] = []
+    group: list[int] = []
+    sessions: set[str] = set()
+    rows = 0
+    for index, batch in enumerate(batches):
+        size = len(batch.events)
+        if group and (batch.session_id in sessions or rows + size > most_rows):
+            groups.append(group)
+            group, sessions, rows = [], set(), 0
+        group.append(index)
+        sessions.add(batch.session_id)
+        rows += size
+    if group:
+        groups.append(group)
+    return groups
+
+
+def _insert(connection: sqlite3.Connection, parts: list[tuple[Batch, int, int]]) -> sqlite3.Cursor:
+    """Insert the events `start:end` of each batch in `parts`, each part's only if its
+    session's last seq is the one before its first event. The cursor's `rowcount` is the
+    number of rows inserted; `lastrowid` the position of the last."""
+    values: list[str | int | float | bytes] = []
+    place = 0
+    for batch, start, end in parts:
+        session_id = batch.session_id
+        before = batch.expected_seq + start
+        for envelope, line in zip(batch.events[start:end], batch.lines[start:end], strict=True):
+            values += (session_id, envelope.seq, envelope.at, envelope.type, line, before, place)
+            place += 1
+    size = _SMALLEST
+    while size < place:
+        size *= 2
+    for padding in range(place, size):
+        values += (*_PADDING, padding)
+    return connection.execute(_statement(size), values)
+
+
+@functools.cache
+def _statement(rows: int) -> str:
+    """The insert statement for `rows` rows (see `_INSERT`)."""
+    return _INSERT.format(rows=", ".join(["(?, ?, ?, ?, ?, ?, ?)"] * rows))

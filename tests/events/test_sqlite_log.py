@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import itertools
 import json
+import re
 import sqlite3
 import sys
 import threading
@@ -21,6 +22,7 @@ from hypothesis import strategies as st
 from tests.events.test_logs import envelope, run
 from turnkeeper.events import Envelope, LogCorrupt, LogError, SeqError
 from turnkeeper.events import _sqlite_log as sqlite_log
+from turnkeeper.events._events import MessageReceived
 from turnkeeper.events._log import Batch, SeqConflict
 from turnkeeper.events._sqlite_log import SqliteLog
 
@@ -649,3 +651,233 @@ async def test_a_body_of_another_event_on_a_later_page_is_named(tmp_path: Path) 
         with pytest.raises(LogCorrupt, match="session s1 seq 8: body holds session s1 seq 7"):
             await log.read("s1")
         assert [e for _, e in await log.read_all(limit=7)] == run("s1", 1, 7)
+
+
+def statements(log: SqliteLog) -> list[str]:
+    """The statements the log's read connection runs from now on, as they run."""
+    ran: list[str] = []
+    log._reader.set_trace_callback(ran.append)
+    return ran
+
+
+def row_by_row(ran: list[str]) -> bool:
+    """Whether any of the statements fetched rows one by one rather than as aggregates."""
+    return any("json_group_array" not in statement for statement in ran)
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("small_pages")
+async def test_pages_are_fetched_as_one_row_of_aggregates(tmp_path: Path) -> None:
+    async with SqliteLog(tmp_path / "log.db") as log:
+        await log.append(run("s1", 1, 7), expected_seq=0)
+        await log.append(run("s2", 1, 2), expected_seq=0)
+        ran = statements(log)
+        assert await log.read("s1") == run("s1", 1, 7)
+        assert [e for _, e in await log.read_all()] == run("s1", 1, 7) + run("s2", 1, 2)
+        assert await log.read("s1", after=7) == []
+        assert await log.read_all(after=9) == []
+        assert ran
+        assert not row_by_row(ran)
+
+
+@pytest.mark.parametrize(
+    ("change", "error"),
+    [
+        ("session_id = CAST(session_id AS BLOB)", "session b's1' seq 2: body holds session s1"),
+        ("seq = CAST(seq AS BLOB)", "session s1 seq b'2': body holds session s1 seq 2"),
+        ("seq = 'x' || seq", "session s1 seq x2: body holds session s1 seq 2"),
+        ("seq = seq + 0.5", "session s1 seq 2.5: body holds session s1 seq 2"),
+    ],
+)
+@pytest.mark.anyio
+async def test_a_column_not_of_its_type_is_fetched_row_by_row_and_named(
+    tmp_path: Path, change: str, error: str
+) -> None:
+    path = tmp_path / "log.db"
+    async with SqliteLog(path) as log:
+        await log.append(run("s1", 1, 3), expected_seq=0)
+    execute(path, f"UPDATE events SET {change} WHERE seq = 2")
+    async with SqliteLog(path) as log:
+        ran = statements(log)
+        with pytest.raises(LogCorrupt, match=re.escape(error)):
+            await log.read_all()
+        assert row_by_row(ran)
+        assert [e for _, e in await log.read_all(limit=1)] == run("s1", 1, 1)
+
+
+@pytest.mark.parametrize(
+    ("body", "by_rows"),
+    [("ascii", False), ("non-ascii", True)],
+)
+@pytest.mark.anyio
+async def test_a_text_body_reads_as_its_bytes_or_row_by_row(
+    tmp_path: Path, body: str, by_rows: bool
+) -> None:
+    # A text whose characters are single bytes reads the same as bytes; any other makes
+    # the lengths (in characters) disagree with the joined bodies, so the page is fetched
+    # row by row and the text decoded as it is.
+    text = {"ascii": "plain", "non-ascii": "naïve ☃"}[body]
+    event = MessageReceived(text=text)
+    path = tmp_path / "log.db"
+    async with SqliteLog(path) as log:
+        await log.append([envelope("s1", 1), envelope("s1", 2, event)], expected_seq=0)
+    execute(path, "UPDATE events SET body = CAST(body AS TEXT) WHERE seq = 2")
+    async with SqliteLog(path) as log:
+        ran = statements(log)
+        assert await log.read("s1") == [envelope("s1", 1), envelope("s1", 2, event)]
+        assert row_by_row(ran) is by_rows
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("small_pages")
+async def test_the_next_page_is_fetched_while_a_page_decodes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fetching = [threading.Event() for _ in range(2)]
+    fetch_page = sqlite_log._fetch_page
+    decoded = sqlite_log._decoded
+
+    def fetch(query: Any, parameters: tuple[object, ...], connection: Any) -> Any:
+        fetching[sum(event.is_set() for event in fetching)].set()
+        return fetch_page(query, parameters, connection)
+
+    def decode(path: Path, page: Any) -> list[Envelope]:
+        # Blocks the event loop: only a fetch in another thread can set the event.
+        if page.seqs[0] == 1:
+            assert fetching[1].wait(timeout=10)
+        return decoded(path, page)
+
+    async with SqliteLog(tmp_path / "log.db") as log:
+        await log.append(run("s1", 1, 5), expected_seq=0)
+        monkeypatch.setattr(sqlite_log, "_fetch_page", fetch)
+        monkeypatch.setattr(sqlite_log, "_decoded", decode)
+        assert await log.read("s1") == run("s1", 1, 5)
+
+
+class FailingFetch:
+    """Stands for `_fetch_page`; its call number `failing` raises a SQLite error."""
+
+    def __init__(self, failing: int) -> None:
+        self.failing = failing
+        self.calls = 0
+        self.fetch_page = sqlite_log._fetch_page
+
+    def __call__(self, query: Any, parameters: tuple[object, ...], connection: Any) -> Any:
+        self.calls += 1
+        if self.calls == self.failing:
+            raise sqlite3.OperationalError("disk I/O error")
+        return self.fetch_page(query, parameters, connection)
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("small_pages")
+async def test_a_failed_prefetch_raises_its_log_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with SqliteLog(tmp_path / "log.db") as log:
+        await log.append(run("s1", 1, 10), expected_seq=0)
+        monkeypatch.setattr(sqlite_log, "_fetch_page", FailingFetch(failing=3))
+        with pytest.raises(LogError, match=r"log\.db: disk I/O error") as raised:
+            await log.read_all()
+        assert type(raised.value) is LogError
+        monkeypatch.setattr(sqlite_log, "_fetch_page", FailingFetch(failing=2))
+        with pytest.raises(LogError, match=r"log\.db: disk I/O error"):
+            await log.read("s1")
+        assert gc.isenabled()
+        assert await log.read("s1") == run("s1", 1, 10)
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("small_pages")
+async def test_a_bad_page_wins_over_a_failed_prefetch_of_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "log.db"
+    async with SqliteLog(path) as log:
+        await log.append(run("s1", 1, 10), expected_seq=0)
+    set_body(path, 5, b"{")
+    async with SqliteLog(path) as log:
+        monkeypatch.setattr(sqlite_log, "_fetch_page", FailingFetch(failing=3))
+        with pytest.raises(LogCorrupt, match="session s1 seq 5: not an event envelope"):
+            await log.read_all()
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("small_pages")
+async def test_a_read_cancelled_while_decoding_leaves_the_log_readable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    decoded = sqlite_log._decoded
+    pages = 0
+    scope = anyio.CancelScope()
+
+    def decode(path: Path, page: Any) -> list[Envelope]:
+        nonlocal pages
+        pages += 1
+        if pages == 2:
+            scope.cancel()
+        return decoded(path, page)
+
+    async with SqliteLog(tmp_path / "log.db") as log:
+        await log.append(run("s1", 1, 10), expected_seq=0)
+        monkeypatch.setattr(sqlite_log, "_decoded", decode)
+        with scope:
+            await log.read_all()
+        assert scope.cancelled_caught
+        assert gc.isenabled()
+        assert [e for _, e in await log.read_all()] == run("s1", 1, 10)
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("small_pages")
+async def test_a_read_cancelled_while_fetching_waits_for_the_fetch_and_leaves_the_log_readable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fetch_page = sqlite_log._fetch_page
+    fetching = threading.Event()
+    release = threading.Event()
+
+    def fetch(query: Any, parameters: tuple[object, ...], connection: Any) -> Any:
+        if parameters[-2] == 3:  # the second page
+            fetching.set()
+            assert release.wait(timeout=10)
+        return fetch_page(query, parameters, connection)
+
+    read: list[list[Envelope]] = []
+
+    async def reading() -> None:
+        read.append(await log.read("s1"))
+
+    async with SqliteLog(tmp_path / "log.db") as log:
+        await log.append(run("s1", 1, 10), expected_seq=0)
+        monkeypatch.setattr(sqlite_log, "_fetch_page", fetch)
+        try:
+            async with anyio.create_task_group() as group:
+                group.start_soon(reading)
+                await anyio.to_thread.run_sync(fetching.wait)
+                group.cancel_scope.cancel()
+                release.set()
+        finally:
+            release.set()
+        assert read == []
+        assert gc.isenabled()
+        monkeypatch.setattr(sqlite_log, "_fetch_page", fetch_page)
+        assert await log.read("s1") == run("s1", 1, 10)
+
+
+@pytest.mark.parametrize(
+    "aggregates",
+    [
+        ("[2,1]", '["s1","s1"]', "[1,1]", "[2,2]", b"{}{}"),
+        ("[1,2]", '["s1"]', "[1,2]", "[2,2]", b"{}{}"),
+        ("[1,2]", '["s1","s1"]', "[1,2]", "[2,1]", b"{}{}"),
+        ("[1,2]", '["s1","s1"]', "[1,2]", "[2,null]", b"{}"),
+        ("[1,2]", '["s1",2]', "[1,2]", "[2,2]", b"{}{}"),
+    ],
+)
+def test_aggregates_that_cannot_stand_for_their_rows_are_refused(
+    aggregates: tuple[str, str, str, str, bytes],
+) -> None:
+    # Out of order, of different counts, lengths that do not add up, nulls, another type.
+    assert sqlite_log._unpacked(sqlite_log._ALL, *aggregates) is None
+    assert sqlite_log._unpacked(sqlite_log._ALL, "[1,2]", '["s1","s1"]', "[1,2]", "[2,2]", b"{}{}")

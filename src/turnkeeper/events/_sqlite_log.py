@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import threading
 from collections.abc import Callable
 from functools import partial
-from operator import attrgetter, itemgetter
+from operator import attrgetter
 from pathlib import Path
 from typing import Any, TypeVar
 
 import anyio
+import msgspec
 
 from turnkeeper.events._errors import LogCorrupt, LogError, SeqError
 from turnkeeper.events._events import Envelope
@@ -45,18 +47,59 @@ _SCHEMA = (
     f"PRAGMA user_version = {_SCHEMA_VERSION}",
 )
 _UPGRADE = (_SESSIONS_TRIGGER, f"PRAGMA user_version = {_SCHEMA_VERSION}")
-# The session id is the one asked for: `_read` compares the bodies with it.
-_READ = "SELECT seq, body FROM events WHERE session_id = ? AND seq > ? ORDER BY seq LIMIT ?"
-_READ_ALL = "SELECT pos, session_id, seq, body FROM events WHERE pos > ? ORDER BY pos LIMIT ?"
-# A `_READ_ALL` row's position, and its session id and seq, which its envelope must have.
-_position = itemgetter(0)
-_row_names = itemgetter(1, 2)
-_names = attrgetter("session_id", "seq")
+# A read's rows: a session's after a seq, in seq order, or all sessions' after a position.
+_SESSION_ROWS = """SELECT pos, session_id, seq, body FROM events
+    WHERE session_id = ? AND seq > ? ORDER BY seq LIMIT ?"""
+_ALL_ROWS = "SELECT pos, session_id, seq, body FROM events WHERE pos > ? ORDER BY pos LIMIT ?"
 _SESSIONS = "SELECT session_id FROM sessions ORDER BY id"
 _BUSY_TIMEOUT_MS = 5000
-# Rows per read: large enough that the worker-thread hop is cheap next to decoding the
+# Rows per page: large enough that the worker-thread hop is cheap next to decoding the
 # page, small enough that decoding one (on the event loop) stays within milliseconds.
 _PAGE = 4096
+_integers = msgspec.json.Decoder(list[int])
+_texts = msgspec.json.Decoder(list[str])
+_session_of = attrgetter("session_id")
+_seq_of = attrgetter("seq")
+
+
+def _aggregated(rows: str) -> str:
+    """A query for the rows of `rows` as one row: their positions, session ids, seqs and
+    body lengths as JSON arrays, and their bodies joined.
+
+    Fetched one by one, rows take and drop the GIL at every row and hold it to build each
+    row's tuple; as one row, SQLite makes a whole page in one step, without the GIL.
+    """
+    return f"""SELECT json_group_array(pos), json_group_array(session_id),
+        json_group_array(seq), json_group_array(length(body)),
+        CAST(group_concat(body, '') AS BLOB)
+        FROM ({rows})"""
+
+
+class _Query(msgspec.Struct, frozen=True):
+    """A read's rows, queried row by row and as one row of aggregates; `by_seq` if they
+    come in seq order (else in position order)."""
+
+    rows: str
+    aggregated: str
+    by_seq: bool
+
+
+_SESSION = _Query(_SESSION_ROWS, _aggregated(_SESSION_ROWS), by_seq=True)
+_ALL = _Query(_ALL_ROWS, _aggregated(_ALL_ROWS), by_seq=False)
+
+
+class _Page(msgspec.Struct, frozen=True):
+    """Rows of the events table, by column; a body is a view of the page's joined bodies,
+    or the stored value when the page was fetched row by row."""
+
+    positions: list[int]
+    session_ids: list[Any]
+    seqs: list[Any]
+    bodies: list[Any]
+
+    def last(self, query: _Query) -> Any:
+        """What the next page of `query` comes after: the last row's seq or position."""
+        return self.seqs[-1] if query.by_seq else self.positions[-1]
 
 
 class SqliteLog(EventLog):
@@ -74,9 +117,10 @@ class SqliteLog(EventLog):
 
     All database work runs in threads: writes on one connection in the writer's, reads
     on a second in worker threads, so reads never see a transaction in progress. Reads
-    fetch pages of raw rows there and decode them on the calling thread, a page in one
-    pass. Other processes may read the file while this one writes. Positions are the
-    events' row ids, increasing in commit order and never reused.
+    fetch pages of rows there, each as one row of aggregates, and decode them on the
+    calling thread while the next page is fetched. Other processes may read the file
+    while this one writes. Positions are the events' row ids, increasing in commit order
+    and never reused.
     """
 
     _writer: Writer
@@ -109,25 +153,18 @@ class SqliteLog(EventLog):
 
     async def _read(self, session_id: str, after: int, limit: int | None) -> list[Envelope]:
         events: list[Envelope] = []
-        while True:
-            size = _PAGE if limit is None else min(limit - len(events), _PAGE)
-            parameters = (session_id, after + len(events), size)
-            # One pause of the cycle collector for the rows and the envelopes they hold.
-            with gc_paused():
-                rows = await self._on_reader(partial(_fetch, _READ, parameters))
-                page = _decode_page(self.path, rows, session_id)
+
+        def take(page: _Page) -> None:
+            envelopes = _decoded(self.path, page)
             expected = after + len(events) + 1
-            for (seq, _), envelope in zip(rows, page, strict=True):
-                if envelope.session_id != session_id or envelope.seq != seq:
-                    raise _mismatch(self.path, session_id, seq, envelope)
-                if seq != expected:
-                    error = SeqError(session_id, seq, expected)
-                    error.args = (f"{self.path}: {error}",)
-                    raise error
-                expected += 1
-            events.extend(page)
-            if len(rows) < size or len(events) == limit:
-                return events
+            if page.seqs != list(range(expected, expected + len(page.seqs))):
+                raise _gap(self.path, session_id, page.seqs, expected)
+            events.extend(envelopes)
+
+        # One pause of the cycle collector for the whole read (see `_read_all`).
+        with gc_paused():
+            await self._read_pages(_SESSION, (session_id,), after, limit, take)
+        return events
 
     async def _last_seq(self, session_id: str) -> int:
         return await self._on_reader(lambda connection: last_seq(connection, self.path, session_id))
@@ -146,18 +183,73 @@ class SqliteLog(EventLog):
         # Page after page by position: each commit's rows follow every earlier commit's, so
         # the pages join into what one read at the end would have returned (with a limit).
         found: list[tuple[int, Envelope]] = []
-        while True:
-            size = _PAGE if limit is None else min(limit - len(found), _PAGE)
-            with gc_paused():
-                rows = await self._on_reader(partial(_fetch, _READ_ALL, (after, size)))
-                page = _decode_page(self.path, rows)
-                # Compared a page at a time; a page that differs is walked to name its row.
-                if list(map(_names, page)) != list(map(_row_names, rows)):
-                    raise _first_mismatch(self.path, rows, page)
-                found += zip(map(_position, rows), page, strict=True)
-            if len(rows) < size or len(found) == limit:
-                return found
-            after = found[-1][0]
+
+        def take(page: _Page) -> None:
+            found.extend(zip(page.positions, _decoded(self.path, page), strict=True))
+
+        # One pause of the cycle collector for the whole read: paused page by page, it
+        # would walk each page once the page is decoded, and again in the older
+        # generations' collections that the many young ones set off.
+        with gc_paused():
+            await self._read_pages(_ALL, (), after, limit, take)
+        return found
+
+    async def _read_pages(
+        self,
+        query: _Query,
+        key: tuple[object, ...],
+        after: int,
+        limit: int | None,
+        take: Callable[[_Page], None],
+    ) -> None:
+        """Hand `take` the pages of `query`'s rows after `after`, at most `limit` rows in
+        all, in order. While `take` has one page, the worker thread fetches the next: the
+        fetch runs in SQLite without the GIL, so the two overlap."""
+        size = _page_size(limit, 0)
+        page = await self._on_reader(partial(_fetch_page, query, (*key, after, size)))
+        fetched = size
+        while len(page.positions) == size and fetched != limit:
+            size = _page_size(limit, fetched)
+            following = partial(_fetch_page, query, (*key, page.last(query), size))
+            page = await self._alongside(following, partial(take, page))
+            fetched += size
+        take(page)
+
+    async def _alongside(
+        self, work: Callable[[sqlite3.Connection], _T], here: Callable[[], None]
+    ) -> _T:
+        """`work`'s result, run on the read connection in a worker thread while `here`
+        runs on this one. An error is raised as itself: the one `here` raised, else the one
+        `work` raised."""
+        begun = threading.Event()
+        results: list[_T] = []
+        errors: list[Exception] = []
+
+        def work_once_begun(connection: sqlite3.Connection) -> _T:
+            begun.set()
+            return work(connection)
+
+        async def fetch() -> None:
+            try:
+                results.append(await self._on_reader(work_once_begun))
+            except Exception as exc:
+                errors.append(exc)
+            finally:
+                begun.set()
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(fetch)
+            # The thread needs the GIL to begin, and `here` would hold it for milliseconds
+            # (a thread that asks gets it only every `sys.getswitchinterval()`): waited
+            # for in another thread, which gets the GIL once the fetch lets it go.
+            await anyio.to_thread.run_sync(begun.wait, abandon_on_cancel=True)
+            try:
+                here()
+            except Exception as exc:
+                errors.insert(0, exc)
+        if errors:
+            raise errors[0]
+        return results[0]
 
     async def _on_reader(self, work: Callable[[sqlite3.Connection], _T]) -> _T:
         """Run `work` on the read connection in a worker thread, one at a time."""
@@ -227,24 +319,77 @@ def _user_version(connection: sqlite3.Connection) -> int:
     return int(version)
 
 
-def _fetch(query: str, parameters: tuple[object, ...], connection: sqlite3.Connection) -> list[Any]:
-    """In a worker thread: a page of rows, the body last."""
-    return connection.execute(query, parameters).fetchall()
+def _page_size(limit: int | None, fetched: int) -> int:
+    """Rows to fetch in the next page, `fetched` rows into a read of at most `limit`."""
+    return _PAGE if limit is None else min(limit - fetched, _PAGE)
 
 
-def _decode_page(path: Path, rows: list[Any], session_id: str | None = None) -> list[Envelope]:
-    """The envelopes in a page of rows: each row ends with its session id, seq and body,
-    or only its seq and body when every row is of `session_id`.
+def _fetch_page(
+    query: _Query, parameters: tuple[object, ...], connection: sqlite3.Connection
+) -> _Page:
+    """In a worker thread: a page of `query`'s rows, fetched as one row of aggregates, or
+    row by row if a value in it is not of its column's type (in a file changed by hand)."""
+    try:
+        aggregates = connection.execute(query.aggregated, parameters).fetchone()
+    except sqlite3.OperationalError as exc:
+        # What a blob as a session id or seq makes JSON aggregates raise.
+        if exc.sqlite_errorname != "SQLITE_ERROR":
+            raise
+        aggregates = None
+    page = None if aggregates is None else _unpacked(query, *aggregates)
+    if page is None:
+        rows = connection.execute(query.rows, parameters).fetchall()
+        page = _Page(*map(list, zip(*rows, strict=True))) if rows else _Page([], [], [], [])
+    return page
 
-    All the bodies decode in one pass unless one of them is bad; then each row decodes
-    alone, so the error names the first bad one. The caller checks the columns.
+
+def _unpacked(
+    query: _Query, positions: str, session_ids: str, seqs: str, sizes: str, bodies: bytes | None
+) -> _Page | None:
+    """The page in a row of aggregates, or None if it cannot stand for the rows.
+
+    A null or a value of another type where the schema has a session id or seq does not
+    decode. The lengths of the bodies add up to the joined bodies' length unless a body is
+    null or text of characters longer than a byte (a text of single bytes reads the same
+    as bytes). SQLite aggregates rows in its subquery's order, but does not promise to.
     """
     try:
-        return decode_envelopes([row[-1] for row in rows])
+        page = _Page(
+            _integers.decode(positions), _texts.decode(session_ids), _integers.decode(seqs), []
+        )
+        lengths = _integers.decode(sizes)
+    except msgspec.DecodeError:
+        return None
+    joined = memoryview(bodies or b"")
+    order = page.seqs if query.by_seq else page.positions
+    if not (
+        len(page.session_ids) == len(page.seqs) == len(lengths) == len(page.positions)
+        and sum(lengths) == len(joined)
+        and order == sorted(order)
+    ):
+        return None
+    start = 0
+    for length in lengths:
+        page.bodies.append(joined[start : start + length])
+        start += length
+    return page
+
+
+def _decoded(path: Path, page: _Page) -> list[Envelope]:
+    """The envelopes in a page, each body decoded alone; LogCorrupt naming the first row
+    whose body is not an envelope, or not of the row's session id and seq."""
+    try:
+        envelopes = decode_envelopes(page.bodies)
     except LogCorrupt:
-        if session_id is None:
-            return [_decode_row(path, *row[-3:]) for row in rows]
-        return [_decode_row(path, session_id, *row) for row in rows]
+        rows = zip(page.session_ids, page.seqs, page.bodies, strict=True)
+        envelopes = [_decode_row(path, *row) for row in rows]
+    # Compared a column at a time; a page that differs is walked to name its row.
+    if (
+        list(map(_session_of, envelopes)) != page.session_ids
+        or list(map(_seq_of, envelopes)) != page.seqs
+    ):
+        raise _first_mismatch(path, page, envelopes)
+    return envelopes
 
 
 def _decode_row(path: Path, session_id: Any, seq: Any, body: Any) -> Envelope:
@@ -265,10 +410,22 @@ def _mismatch(path: Path, session_id: Any, seq: Any, envelope: Envelope) -> LogC
     )
 
 
-def _first_mismatch(path: Path, rows: list[Any], page: list[Envelope]) -> LogCorrupt:
-    """The error naming the first of `rows` (position, session id, seq, body) whose envelope
-    in `page` is not of its session id and seq."""
-    for (_, session_id, seq, _), envelope in zip(rows, page, strict=True):
+def _first_mismatch(path: Path, page: _Page, envelopes: list[Envelope]) -> LogCorrupt:
+    """The error naming the first row of `page` whose envelope is not of its session id
+    and seq."""
+    for session_id, seq, envelope in zip(page.session_ids, page.seqs, envelopes, strict=True):
         if envelope.session_id != session_id or envelope.seq != seq:
             return _mismatch(path, session_id, seq, envelope)
     raise AssertionError("every envelope matches its row")
+
+
+def _gap(path: Path, session_id: str, seqs: list[Any], expected: int) -> SeqError:
+    """The error naming the first of `seqs` (a session's, in order) that is not the
+    session's next, `expected` being the first's."""
+    for seq in seqs:
+        if seq != expected:
+            error = SeqError(session_id, seq, expected)
+            error.args = (f"{path}: {error}",)
+            return error
+        expected += 1
+    raise AssertionError("every seq follows the one before")

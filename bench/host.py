@@ -2,6 +2,7 @@
 
     python bench/host.py [--sessions 1000 10000] [--latency 0.05] [--round-trips 5]
                          [--max-model-calls 0 100] [--gc-threshold 50000]
+                         [--switch-interval 0.001]
 
 All sessions start at once (as an orchestrator's requests would); each does
 `--round-trips` tool round trips against a scripted model that takes `--latency`
@@ -18,7 +19,10 @@ turns/s x 50 ms): enough slots for the target throughput, no more. The cycle
 collector's first threshold is raised as a worker hosting thousands of sessions would
 raise it: with Python's 700, each turn's short-lived objects outlive a few collections
 at 10,000 sessions and full collections over every session's state take most of the
-time (`--gc-threshold 0` keeps Python's).
+time (`--gc-threshold 0` keeps Python's). The interpreter's switch interval is lowered
+to 1 ms, as `turnkeeper serve` lowers it: the SQLite writer thread needs the GIL back
+after each commit, and the event loop's thread, busy with sessions, otherwise holds it
+for up to 5 ms at a time (`--switch-interval 0` keeps Python's).
 """
 
 from __future__ import annotations
@@ -234,11 +238,20 @@ def main() -> None:
         default=50_000,
         help="the cycle collector's first threshold (gc.set_threshold); 0 keeps Python's",
     )
+    parser.add_argument(
+        "--switch-interval",
+        type=float,
+        default=0.001,
+        help="the interpreter's switch interval in seconds (sys.setswitchinterval); 0 keeps "
+        "Python's",
+    )
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
         if args.gc_threshold:
             gc.set_threshold(args.gc_threshold, *gc.get_threshold()[1:])
+        if args.switch_interval:
+            sys.setswitchinterval(args.switch_interval)
         row = anyio.run(
             measure,
             args.sessions[0],
@@ -251,6 +264,8 @@ def main() -> None:
         return
     threshold = args.gc_threshold or gc.get_threshold()[0]
     print(f"cycle collector: first threshold {threshold} (Python's default is 700)")
+    interval = args.switch_interval or sys.getswitchinterval()
+    print(f"switch interval: {interval * 1000:g} ms (Python's default is 5 ms)")
     print(
         f"{'sessions':>8} {'max calls':>9} {'finished':>8} {'turns/s':>8} {'loop us/turn':>12} "
         f"{'KB/session':>10} {'peak RSS MB':>11} {'durable p50/p99 ms':>18} "
@@ -262,6 +277,7 @@ def main() -> None:
             command = [sys.executable, __file__, "--one", "--sessions", str(count)]
             command += ["--latency", str(args.latency), "--round-trips", str(args.round_trips)]
             command += ["--max-model-calls", str(limit), "--gc-threshold", str(args.gc_threshold)]
+            command += ["--switch-interval", str(args.switch_interval)]
             done = subprocess.run(command, check=True, capture_output=True, text=True)
             row = json.loads(done.stdout)
             print(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
 
 
 _GC_THRESHOLD = 50_000
+_SWITCH_INTERVAL = 0.001
 
 
 class ServeOptions(msgspec.Struct, frozen=True):
@@ -53,6 +55,10 @@ async def serve_command(options: ServeOptions) -> int:
     # turn's short-lived objects set off collections that end in full ones over all of
     # it, which at thousands of sessions take most of the time (see bench/host.py).
     gc.set_threshold(_GC_THRESHOLD, *gc.get_threshold()[1:])
+    # The SQLite log's writer thread needs the GIL back after each commit; the event
+    # loop's thread, busy with sessions, would otherwise keep it for up to Python's 5 ms
+    # switch interval each time, and every append of the round waits that long.
+    sys.setswitchinterval(_SWITCH_INTERVAL)
     token = await _given_token(options)
     made_up = token is None and not os.environ.get(TOKEN_VARIABLE)
 

@@ -89,7 +89,7 @@ _ALL = _Query(_ALL_ROWS, _aggregated(_ALL_ROWS), by_seq=False)
 
 
 class _Page(msgspec.Struct, frozen=True):
-    """Rows of the events table, by column; a body is a view of the page's joined bodies,
+    """Rows of the events table, by column; a body is cut from the page's joined bodies,
     or the stored value when the page was fetched row by row."""
 
     positions: list[int]
@@ -221,12 +221,16 @@ class SqliteLog(EventLog):
         """`work`'s result, run on the read connection in a worker thread while `here`
         runs on this one. An error is raised as itself: the one `here` raised, else the one
         `work` raised."""
-        begun = threading.Event()
+        begun = anyio.Event()
+        going = threading.Event()
         results: list[_T] = []
         errors: list[Exception] = []
 
         def work_once_begun(connection: sqlite3.Connection) -> _T:
-            begun.set()
+            try:
+                anyio.from_thread.run_sync(begun.set)
+            finally:
+                going.set()
             return work(connection)
 
         async def fetch() -> None:
@@ -235,14 +239,16 @@ class SqliteLog(EventLog):
             except Exception as exc:
                 errors.append(exc)
             finally:
+                going.set()
                 begun.set()
 
         async with anyio.create_task_group() as group:
             group.start_soon(fetch)
-            # The thread needs the GIL to begin, and `here` would hold it for milliseconds
-            # (a thread that asks gets it only every `sys.getswitchinterval()`): waited
-            # for in another thread, which gets the GIL once the fetch lets it go.
-            await anyio.to_thread.run_sync(begun.wait, abandon_on_cancel=True)
+            await begun.wait()
+            # The thread, running, needs the GIL to go on into SQLite, and `here` would
+            # hold it for milliseconds (a thread that asks gets it only every
+            # `sys.getswitchinterval()`): the GIL is let go for the microseconds that takes.
+            going.wait()
             try:
                 here()
             except Exception as exc:
@@ -360,7 +366,7 @@ def _unpacked(
         lengths = _integers.decode(sizes)
     except msgspec.DecodeError:
         return None
-    joined = memoryview(bodies or b"")
+    joined = bodies or b""
     order = page.seqs if query.by_seq else page.positions
     if not (
         len(page.session_ids) == len(page.seqs) == len(lengths) == len(page.positions)
@@ -368,6 +374,7 @@ def _unpacked(
         and order == sorted(order)
     ):
         return None
+    # Copied out: cheaper than a memoryview slice (a tracked object) for bodies this size.
     start = 0
     for length in lengths:
         page.bodies.append(joined[start : start + length])

@@ -262,3 +262,15 @@ def test_events_and_envelopes_are_left_to_reference_counting() -> None:
     envelope = Envelope("s1", 1, 0.0, ToolReturned(tool_call_id="c1", text="ok"))
     assert not gc.is_tracked(envelope)
     assert not gc.is_tracked(envelope.event)
+
+
+def test_decoded_results_are_left_to_reference_counting() -> None:
+    # ToolResult and Usage hold only text and numbers, so no cycle can go through them: not
+    # tracked either, they let the collector stop tracking the tuples of results it meets.
+    assert ToolResult.__struct_config__.gc is False
+    assert Usage.__struct_config__.gc is False
+    event = ToolResultsReceived(results=(ToolResult("c1", "ok"), ToolResult("c2", "no", True)))
+    decoded = decode_envelope(encode_envelope(Envelope("s1", 1, 0.0, event)))
+    assert isinstance(decoded.event, ToolResultsReceived)
+    gc.collect()
+    assert not gc.is_tracked(decoded.event.results)

@@ -15,7 +15,7 @@ Message = dict[str, Any]
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 
 
-class Usage(msgspec.Struct, frozen=True):
+class Usage(msgspec.Struct, frozen=True, gc=False):
     """Token usage of one or more model calls."""
 
     prompt_tokens: int = 0
@@ -192,7 +192,7 @@ class ToolUse(msgspec.Struct, frozen=True):
     error: str | None = None
 
 
-class ToolResult(msgspec.Struct, frozen=True):
+class ToolResult(msgspec.Struct, frozen=True, gc=False):
     """The answer to one tool use."""
 
     tool_use_id: str

@@ -11,7 +11,7 @@ from turnkeeper.events._types import Message, ToolUse
 
 _canonical = msgspec.json.Encoder(order="sorted")
 _compact = msgspec.json.Encoder()
-_decode = msgspec.json.decode
+_decode = msgspec.json.Decoder().decode
 # What encoding arguments that JSON cannot hold raises.
 _UNENCODABLE = (TypeError, msgspec.EncodeError, OverflowError, ValueError)
 _SEQUENCES = (list, tuple)
@@ -94,16 +94,26 @@ def decode_tool_uses(message: Message) -> tuple[ToolUse, ...]:
     if not isinstance(calls, _SEQUENCES):
         raise TypeError(f"tool_calls is {type(calls).__name__}, not a list")
     uses: list[ToolUse] = []
-    for index, call in enumerate(calls):
+    for call in calls:
         function = call.get("function") if isinstance(call, dict) else None
         if not (
             isinstance(function, dict)
             and isinstance(call_id := call.get("id"), str)
             and isinstance(name := function.get("name"), str)
         ):
-            raise TypeError(f"tool_calls[{index}] has no string id and function name")
-        arguments, error = decode_arguments(function.get("arguments"))
-        uses.append(ToolUse(call_id, name, arguments, error))
+            raise TypeError(f"tool_calls[{len(uses)}] has no string id and function name")
+        arguments = function.get("arguments")
+        # The usual arguments, a JSON object as text, decoded here: a call of
+        # `decode_arguments` would be a good part of the work.
+        if isinstance(arguments, str):
+            try:
+                value = _decode(arguments)
+            except msgspec.DecodeError:
+                value = None
+            if isinstance(value, dict):
+                uses.append(ToolUse(call_id, name, value))
+                continue
+        uses.append(ToolUse(call_id, name, *decode_arguments(arguments)))
     return tuple(uses)
 
 

@@ -488,12 +488,15 @@ _RULES: dict[type, _Rule] = {
 class _Trip:
     """The fields of a state that tool round trips change, taken out of it in a form a fold
     can change in place, and put back into it; the messages they add go to `history`, the
-    fold's list of the whole history (see `fold`)."""
+    fold's list of the whole history (see `fold`), which stands for the state's own.
+
+    The tokens of the trip's responses are summed once for both usages, the tools' results
+    kept as their events until `put` needs them, and whether `close` may apply a tool's
+    results found once per tool: the state that decides it stays as it is for the trip."""
 
     __slots__ = (
+        "closable",
         "completion_tokens",
-        "episode_completion_tokens",
-        "episode_prompt_tokens",
         "history",
         "in_poll",
         "last_unreadable",
@@ -515,31 +518,47 @@ class _Trip:
         self.seen = set(state.seen)
         self.pending = state.pending
         self.reply_calls = state.reply_calls
-        self.prompt_tokens = state.usage.prompt_tokens
-        self.completion_tokens = state.usage.completion_tokens
-        self.episode_prompt_tokens = state.episode_usage.prompt_tokens
-        self.episode_completion_tokens = state.episode_usage.completion_tokens
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
         self.last_unreadable = state.last_unreadable
         self.status = state.status
         self.in_poll = state.in_poll
         self.stop_reason = state.stop_reason
-        self.returned = list(state.returned)
+        self.returned: list[ToolResult | ToolReturned] = list(state.returned)
+        self.closable: set[str] = set()
 
-    def put(self) -> SessionState:
-        """The state with the round trips applied, but for the messages they added."""
+    def put(self, seq: int, history: tuple[Message, ...] = ()) -> SessionState:
+        """The state at `seq` with the round trips applied, holding `history` (a rule's
+        state holds none: what the rule adds is then all its state holds)."""
+        state = self.state
+        prompt = self.prompt_tokens
+        completion = self.completion_tokens
+        usage = state.usage
+        episode = state.episode_usage
         return _replace(
-            self.state,
+            state,
+            seq=seq,
+            history=history,
             polls=self.polls,
             seen=frozenset(self.seen),
             pending=self.pending,
             reply_calls=self.reply_calls,
-            usage=Usage(self.prompt_tokens, self.completion_tokens),
-            episode_usage=Usage(self.episode_prompt_tokens, self.episode_completion_tokens),
+            usage=Usage(usage.prompt_tokens + prompt, usage.completion_tokens + completion),
+            episode_usage=Usage(
+                episode.prompt_tokens + prompt, episode.completion_tokens + completion
+            ),
             last_unreadable=self.last_unreadable,
             status=self.status,
             in_poll=self.in_poll,
             stop_reason=self.stop_reason,
-            returned=tuple(self.returned),
+            returned=tuple(
+                ToolResult(result.tool_call_id, result.text, result.is_error)
+                if type(result) is ToolReturned
+                else result
+                for result in self.returned
+            )
+            if self.returned
+            else (),
         )
 
     def call(self, event: ModelResponded) -> bool:
@@ -554,14 +573,13 @@ class _Trip:
             return False
         self.history.append(event.message)
         self.polls += 1
+        seen = self.seen
         for use in uses:
-            self.seen.add(call_key(use.name, use.input))
+            seen.add(call_key(use.name, use.input))
         self.pending = self.reply_calls = uses
         usage = event.usage
         self.prompt_tokens += usage.prompt_tokens
         self.completion_tokens += usage.completion_tokens
-        self.episode_prompt_tokens += usage.prompt_tokens
-        self.episode_completion_tokens += usage.completion_tokens
         response = event.response
         self.last_unreadable = "turnkeeper" in response and is_unreadable(response)
         self.status = "requires_action"
@@ -571,42 +589,48 @@ class _Trip:
 
     def answer(self, event: ToolReturned) -> None:
         """Apply a tool's result, as `_apply_returned` does."""
+        call_id = event.tool_call_id
         for use in self.pending:
-            if use.id == event.tool_call_id:
-                self.returned.append(ToolResult(event.tool_call_id, event.text, event.is_error))
+            if use.id == call_id:
+                self.returned.append(event)
                 return
 
     def close(self, event: ToolResultsReceived) -> bool:
         """Apply the results of the pending calls, as `_apply_results` does, when there is
-        nothing else to do: no error or error count to change, no answer loop detection
-        must remember, no deferred directive. False, and nothing changed, otherwise."""
-        state = self.state
-        if state.deferred:
-            return False
+        nothing else to do: results in call order, no error or error count to change, no
+        answer loop detection must remember, no deferred directive. False, and nothing
+        changed, otherwise."""
         results = event.results
-        unanswered = {use.id: use for use in self.pending}
-        if len(results) != len(unanswered):
+        pending = self.pending
+        if len(results) != len(pending) or self.state.deferred:
             return False
-        error_counts = state.error_counts
-        messages: list[Message] = []
-        for result in results:
-            # Each result takes its call, so every call is answered exactly once.
-            use = unanswered.pop(result.tool_use_id, None)
-            if (
-                use is None
-                or result.is_error
-                or use.name in error_counts
-                or _can_run_again(state, use.name)
-            ):
+        closable = self.closable
+        for index, result in enumerate(results):
+            use = pending[index]
+            if result.tool_use_id != use.id or result.is_error:
                 return False
-            messages.append(tool_message(result.tool_use_id, result.text))
-        self.history += messages
+            if use.name not in closable:
+                if not self._may_close(use.name):
+                    return False
+                closable.add(use.name)
+        if len(pending) > 1 and len({use.id for use in pending}) < len(pending):
+            # Two calls of one id: the rule says what is wrong.
+            return False
+        history = self.history
+        for result in results:
+            history.append(tool_message(result.tool_use_id, result.text))
         self.returned.clear()
         self.pending = ()
         self.status = "running"
         self.in_poll = True
         self.stop_reason = None
         return True
+
+    def _may_close(self, name: str) -> bool:
+        """Whether `close` may apply a result of tool `name`: its error count stays as it
+        is and loop detection need not remember its answers."""
+        state = self.state
+        return name not in state.error_counts and not _can_run_again(state, name)
 
 
 def fold(state: SessionState, events: Iterable[Envelope]) -> SessionState:
@@ -624,7 +648,7 @@ def fold(state: SessionState, events: Iterable[Envelope]) -> SessionState:
     seq = state.seq
     rules = _RULES
     history = list(state.history)
-    trip = _Trip(_replace(state, history=()), history)
+    trip = _Trip(state, history)
     for envelope in events:
         if envelope.session_id != session_id or envelope.seq != seq + 1:
             raise _out_of_order(session_id, seq + 1, envelope)
@@ -632,13 +656,14 @@ def fold(state: SessionState, events: Iterable[Envelope]) -> SessionState:
         event = envelope.event
         if type(event) is ToolReturned:
             trip.answer(event)
-        elif not (
-            (type(event) is ModelResponded and trip.call(event))
-            or (type(event) is ToolResultsReceived and trip.close(event))
+            continue
+        if (type(event) is ModelResponded and trip.call(event)) or (
+            type(event) is ToolResultsReceived and trip.close(event)
         ):
-            rule = rules.get(type(event))
-            if rule is not None:
-                changed = rule(trip.put(), event, envelope)
-                history += changed.history
-                trip = _Trip(_replace(changed, history=()), history)
-    return _replace(trip.put(), seq=seq, history=tuple(history))
+            continue
+        rule = rules.get(type(event))
+        if rule is not None:
+            changed = rule(trip.put(seq - 1), event, envelope)
+            history += changed.history
+            trip = _Trip(changed, history)
+    return trip.put(seq, tuple(history))

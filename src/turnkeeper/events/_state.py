@@ -650,9 +650,9 @@ def fold(state: SessionState, events: Iterable[Envelope]) -> SessionState:
     history = list(state.history)
     trip = _Trip(state, history)
     for envelope in events:
-        if envelope.session_id != session_id or envelope.seq != seq + 1:
-            raise _out_of_order(session_id, seq + 1, envelope)
-        seq = envelope.seq
+        seq += 1
+        if envelope.seq != seq or envelope.session_id != session_id:
+            raise _out_of_order(session_id, seq, envelope)
         event = envelope.event
         if type(event) is ToolReturned:
             trip.answer(event)

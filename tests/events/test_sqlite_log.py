@@ -329,17 +329,41 @@ async def test_reads_span_pages_with_any_after_and_limit(tmp_path: Path) -> None
 
 @pytest.mark.anyio
 @pytest.mark.usefixtures("small_pages")
-async def test_a_bad_row_on_a_later_page_is_named(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("corruption", "message"),
+    [
+        (
+            "UPDATE events SET body = substr(body, 1, 40) WHERE seq = 8",
+            "session s1 seq 8: not an event envelope",
+        ),
+        (
+            "UPDATE events SET body = (SELECT body FROM events WHERE seq = 7) WHERE seq = 8",
+            "session s1 seq 8: body holds session s1 seq 7",
+        ),
+    ],
+)
+async def test_a_bad_row_on_a_later_page_is_named(
+    tmp_path: Path, corruption: str, message: str
+) -> None:
     path = tmp_path / "log.db"
     async with SqliteLog(path) as log:
         await log.append(run("s1", 1, 10), expected_seq=0)
-    execute(path, "UPDATE events SET body = substr(body, 1, 40) WHERE seq = 8")
+    execute(path, corruption)
     async with SqliteLog(path) as log:
-        with pytest.raises(LogCorrupt, match="session s1 seq 8: not an event envelope"):
+        with pytest.raises(LogCorrupt, match=message):
             await log.read("s1")
-        with pytest.raises(LogCorrupt, match="session s1 seq 8"):
+        with pytest.raises(LogCorrupt, match=message):
             await log.read_all()
         assert await log.read("s1", limit=7) == run("s1", 1, 7)
+        assert [e for _, e in await log.read_all(limit=7)] == run("s1", 1, 7)
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("small_pages")
+async def test_a_missing_row_on_a_later_page_is_a_seq_error(tmp_path: Path) -> None:
+    path = tmp_path / "log.db"
+    async with SqliteLog(path) as log:
+        await log.append(run("s1", 1, 10), expected_seq=0)
     execute(path, "DELETE FROM events WHERE seq = 8")
     async with SqliteLog(path) as log:
         with pytest.raises(SeqError, match=r"session s1: seq 9 .*expected seq 8"):
@@ -636,21 +660,6 @@ async def test_a_conflict_in_an_append_too_long_for_one_statement_writes_none_of
             await log.append(run("s2", 1, 5000), expected_seq=0)
         assert await log.read("s1") == run("s1", 1, 4097)
         assert await log.read("s2") == run("s2", 1, 1)
-
-
-@pytest.mark.anyio
-@pytest.mark.usefixtures("small_pages")
-async def test_a_body_of_another_event_on_a_later_page_is_named(tmp_path: Path) -> None:
-    path = tmp_path / "log.db"
-    async with SqliteLog(path) as log:
-        await log.append(run("s1", 1, 10), expected_seq=0)
-    execute(path, "UPDATE events SET body = (SELECT body FROM events WHERE seq = 7) WHERE seq = 8")
-    async with SqliteLog(path) as log:
-        with pytest.raises(LogCorrupt, match="session s1 seq 8: body holds session s1 seq 7"):
-            await log.read_all()
-        with pytest.raises(LogCorrupt, match="session s1 seq 8: body holds session s1 seq 7"):
-            await log.read("s1")
-        assert [e for _, e in await log.read_all(limit=7)] == run("s1", 1, 7)
 
 
 def statements(log: SqliteLog) -> list[str]:

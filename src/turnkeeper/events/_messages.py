@@ -102,18 +102,7 @@ def decode_tool_uses(message: Message) -> tuple[ToolUse, ...]:
             and isinstance(name := function.get("name"), str)
         ):
             raise TypeError(f"tool_calls[{len(uses)}] has no string id and function name")
-        arguments = function.get("arguments")
-        # The usual arguments, a JSON object as text, decoded here: a call of
-        # `decode_arguments` would be a good part of the work.
-        if isinstance(arguments, str):
-            try:
-                value = _decode(arguments)
-            except msgspec.DecodeError:
-                value = None
-            if isinstance(value, dict):
-                uses.append(ToolUse(call_id, name, value))
-                continue
-        uses.append(ToolUse(call_id, name, *decode_arguments(arguments)))
+        uses.append(ToolUse(call_id, name, *decode_arguments(function.get("arguments"))))
     return tuple(uses)
 
 

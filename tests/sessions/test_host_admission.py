@@ -46,6 +46,30 @@ class Counting:
             self.in_flight -= 1
 
 
+class Meeting:
+    """A model whose calls each wait (up to `patience` seconds) until `expected` of them
+    are in flight at once: they overlap exactly when nothing holds any of them back."""
+
+    def __init__(self, expected: int, patience: float = 10.0) -> None:
+        self.expected = expected
+        self.patience = patience
+        self.in_flight = 0
+        self.most = 0
+        self.all_in = anyio.Event()
+
+    async def __call__(self, request: dict[str, Any]) -> dict[str, Any]:
+        self.in_flight += 1
+        self.most = max(self.most, self.in_flight)
+        if self.in_flight == self.expected:
+            self.all_in.set()
+        try:
+            with anyio.move_on_after(self.patience):
+                await self.all_in.wait()
+            return text_response("done")
+        finally:
+            self.in_flight -= 1
+
+
 class Gate:
     """A model whose first call blocks until the gate opens; the others answer at once."""
 
@@ -80,12 +104,14 @@ async def test_max_model_calls_bounds_the_calls_in_flight() -> None:
 
 
 async def test_without_a_bound_the_calls_overlap() -> None:
-    model = Counting()
+    # Each call waits for the others, so how fast the sessions start does not matter.
+    model = Meeting(6)
     async with Host(chat=model) as host:
         ids = [await host.start(SPEC, prompt_for(0, str(i))) for i in range(6)]
         for session_id in ids:
             await settle(host, session_id)
     assert model.most == 6
+    assert model.all_in.is_set()
 
 
 async def test_a_session_waiting_for_a_model_call_slot_can_be_cancelled() -> None:

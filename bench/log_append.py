@@ -24,6 +24,7 @@ from functools import partial
 from pathlib import Path
 
 import anyio
+import msgspec
 
 from turnkeeper.events import Envelope, ModelResponded, ToolCalled, Usage
 from turnkeeper.events._jsonl_log import JsonlLog
@@ -52,7 +53,7 @@ def turn(session_id: str, seq: int) -> list[Envelope]:
             seq=seq,
             at=now,
             event=ModelResponded(
-                response=response,
+                response=msgspec.Raw(msgspec.json.encode(response)),
                 message=message,
                 finish_reason="tool_calls",
                 usage=Usage(prompt_tokens=412, completion_tokens=31),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from turnkeeper._cli._render import step_line
@@ -36,7 +37,12 @@ EVENTS: list[tuple[AnyEvent, str]] = [
     (MessageReceived("What is 2 + 2?"), "What is 2 + 2?"),
     (MessageQueued("And 3 + 3?"), "queued: And 3 + 3?"),
     (DirectiveInjected("loop", "You are going in circles."), "guard loop: You are going"),
-    (ModelResponded({}, {"role": "assistant", "content": "4"}, "stop", Usage(3, 1)), "model: 4"),
+    (
+        ModelResponded(
+            msgspec.Raw(b"{}"), {"role": "assistant", "content": "4"}, "stop", Usage(3, 1)
+        ),
+        "model: 4",
+    ),
     (DuplicateToolCall("c1", "search", '{"q":"x"}', "already"), "guard duplicates: search"),
     (ReplyReplaced("small_model", "The answer is 391."), "answer replaced with: The answer is"),
     (ChatRetried(1, 0.5, "HTTP 503"), "retry 1 in 0.5 s: HTTP 503"),

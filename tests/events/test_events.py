@@ -91,11 +91,15 @@ EXAMPLES: list[AnyEvent] = [
     ),
     DirectiveInjected(guard="errors", text="Fix the error."),
     ModelResponded(
-        response={
-            "id": "chatcmpl-1",
-            "choices": [{"message": {"role": "assistant", "tool_calls": [CALL]}}],
-            "x_vendor": {"nested": [1, 2.5, None, True]},
-        },
+        response=msgspec.Raw(
+            msgspec.json.encode(
+                {
+                    "id": "chatcmpl-1",
+                    "choices": [{"message": {"role": "assistant", "tool_calls": [CALL]}}],
+                    "x_vendor": {"nested": [1, 2.5, None, True]},
+                }
+            )
+        ),
         message={"role": "assistant", "content": None, "tool_calls": [CALL]},
         finish_reason="tool_calls",
         usage=Usage(12, 3),
@@ -174,8 +178,52 @@ def test_raw_response_is_kept_verbatim() -> None:
     assert isinstance(responded, ModelResponded)
     back = decode_envelope(encode_envelope(Envelope("s", 1, 0.0, responded))).event
     assert isinstance(back, ModelResponded)
-    assert back.response["x_vendor"] == {"nested": [1, 2.5, None, True]}
-    assert back.response["id"] == "chatcmpl-1"
+    decoded = msgspec.json.decode(back.response)
+    assert decoded["x_vendor"] == {"nested": [1, 2.5, None, True]}
+    assert decoded["id"] == "chatcmpl-1"
+    assert back.response == responded.response
+
+
+def test_a_response_spelled_another_way_reads_back_byte_for_byte() -> None:
+    spelled = b'{ "id" : "x",\n  "n": 1e2, "s": "\\u00e9" }'
+    line = (
+        b'{"session_id":"s","seq":1,"at":0,"event":{"type":"local.model_response",'
+        b'"response":' + spelled + b',"message":{"role":"assistant","content":"hi"},'
+        b'"finish_reason":"stop","usage":{}}}'
+    )
+    event = decode_envelope(line).event
+    assert isinstance(event, ModelResponded)
+    assert bytes(event.response) == spelled
+    assert spelled in encode_envelope(Envelope("s", 1, 0.0, event))
+    assert msgspec.json.decode(event.response) == {"id": "x", "n": 100.0, "s": "é"}
+
+
+@pytest.mark.parametrize("response", ["[1, 2]", '"text"', "null", "3"])
+def test_a_logged_response_that_is_not_an_object_is_refused(response: str) -> None:
+    line = (
+        '{"session_id":"s","seq":1,"at":0,"event":{"type":"local.model_response",'
+        f'"response":{response},"message":{{}},"finish_reason":null,"usage":{{}}}}}}'
+    )
+    with pytest.raises(LogCorrupt, match="response must hold a JSON object"):
+        decode_envelope(line)
+
+
+def test_a_response_must_be_given_encoded() -> None:
+    message = {"role": "assistant", "content": "hi"}
+    given: Any = {"id": "x"}
+    with pytest.raises(TypeError, match=r"response must be msgspec.Raw .* got dict"):
+        ModelResponded(response=given, message=message, finish_reason=None, usage=Usage())
+    for raw in (b"", b"[]", b' {"id": "x"}'):
+        with pytest.raises(ValueError, match="must hold a JSON object"):
+            ModelResponded(msgspec.Raw(raw), message, None, Usage())
+
+
+def test_a_response_shows_its_json_in_repr() -> None:
+    event = ModelResponded(msgspec.Raw(b'{"id":"x"}'), {"role": "assistant"}, "stop", Usage())
+    assert repr(event) == (
+        "ModelResponded(response=Raw(b'{\"id\":\"x\"}'), message={'role': 'assistant'}, "
+        "finish_reason='stop', usage=Usage(prompt_tokens=0, completion_tokens=0))"
+    )
 
 
 def test_envelopes_and_events_are_frozen() -> None:

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -48,7 +49,11 @@ def session_log(session_id: str = "a") -> list[Envelope]:
         opened,
         MessageReceived(text="find ü\nand more"),
         ModelResponded(
-            response={"choices": [{"message": message, "finish_reason": "tool_calls"}]},
+            response=msgspec.Raw(
+                msgspec.json.encode(
+                    {"choices": [{"message": message, "finish_reason": "tool_calls"}]}
+                )
+            ),
             message=message,
             finish_reason="tool_calls",
             usage=Usage(10, 2),

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -104,7 +105,7 @@ def varied_session(session_id: str) -> list[Envelope]:
         MessageReceived(text='find café 🌍\n"quoted" \\ back'),
         ChatRetried(attempt=1, delay=0.5, error="HTTP 503", status=503),
         ModelResponded(
-            response=response,
+            response=msgspec.Raw(msgspec.json.encode(response)),
             message=message,
             finish_reason="tool_calls",
             usage=Usage(prompt_tokens=12, completion_tokens=7),

@@ -56,6 +56,7 @@ SPEC = AgentSpec(
 )
 SYSTEM = {"role": "system", "content": "You help."}
 CALL_USAGE = Usage(3, 1)
+EMPTY = msgspec.Raw(b"{}")
 
 
 def call(call_id: str, name: str, args: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -68,13 +69,22 @@ def responded(
     text: str | None = None,
     finish: str | None = None,
     usage: Usage = CALL_USAGE,
+    unreadable: bool = False,
 ) -> ModelResponded:
     message: dict[str, Any] = {"role": "assistant", "content": text}
     if calls:
         message["tool_calls"] = list(calls)
     reason = finish if finish is not None else ("tool_calls" if calls else "stop")
-    response = {"choices": [{"message": message, "finish_reason": reason}]}
-    return ModelResponded(response=response, message=message, finish_reason=reason, usage=usage)
+    response: dict[str, Any] = {"choices": [{"message": message, "finish_reason": reason}]}
+    if unreadable:
+        # As a backend flags a reply holding a tool call it could not read.
+        response["turnkeeper"] = {"unreadable": True}
+    return ModelResponded(
+        response=msgspec.Raw(msgspec.json.encode(response)),
+        message=message,
+        finish_reason=reason,
+        usage=usage,
+    )
 
 
 def results(*pairs: tuple[str, str] | tuple[str, str, bool]) -> ToolResultsReceived:
@@ -473,7 +483,7 @@ def test_a_logged_response_with_malformed_tool_calls_is_a_replay_error() -> None
     log.push(MessageReceived(text="hi"))
     for calls in ([{"id": "a"}], [5], [{"id": "a", "function": {"name": ["x"]}}], {"id": "a"}):
         message = {"role": "assistant", "tool_calls": calls}
-        event = ModelResponded(response={}, message=message, finish_reason=None, usage=Usage())
+        event = ModelResponded(response=EMPTY, message=message, finish_reason=None, usage=Usage())
         with pytest.raises(ReplayError, match="session s1: seq 3: tool_calls"):
             log.push(event)
 
@@ -507,6 +517,18 @@ def test_fold_applies_events_in_order() -> None:
     assert fold(log.state, []) == log.state
     with pytest.raises(SeqError):
         fold(start, log.events[1:])
+
+
+@pytest.mark.parametrize("calls", [(), (call("a", "search"),)])
+def test_a_response_flagged_unreadable_is_remembered(calls: tuple[dict[str, Any], ...]) -> None:
+    log = Log()
+    log.push(MessageReceived(text="hi"))
+    log.push(responded(*calls, text="<tool_call>{oops", unreadable=True))
+    start = initial_state("s1", opened_event(open_session(SPEC, session_id="s1")))
+    assert (log.state.last_unreadable, fold(start, log.events).last_unreadable) == (True, True)
+    log.push(results(("a", "A")) if calls else MessageReceived(text="again"))
+    log.push(responded(text="Done."))
+    assert (log.state.last_unreadable, fold(start, log.events).last_unreadable) == (False, False)
 
 
 def test_states_are_frozen() -> None:
@@ -590,8 +612,8 @@ GUARDS = st.sampled_from(["loop", "terminal", "final_turn"])
 
 
 other_event = st.one_of(
-    st.builds(lambda text: responded(text=text), TEXTS),
-    st.builds(lambda: ModelResponded({}, {"role": "assistant", "tool_calls": 5}, None, Usage())),
+    st.builds(lambda text, flag: responded(text=text, unreadable=flag), TEXTS, st.booleans()),
+    st.builds(lambda: ModelResponded(EMPTY, {"role": "assistant", "tool_calls": 5}, None, Usage())),
     st.builds(MessageReceived, text=TEXTS),
     st.builds(MessageQueued, text=TEXTS),
     st.builds(DirectiveInjected, guard=GUARDS, text=TEXTS),
@@ -617,7 +639,7 @@ def round_trip(draw: st.DrawFn) -> list[AnyEvent]:
     rare = st.integers(0, 5).map(lambda number: number == 0)
     ids = draw(st.lists(IDS, min_size=1, max_size=3, unique=not draw(rare)))
     calls = [(call_id, draw(TOOLS), draw(ARGUMENTS)) for call_id in ids]
-    events: list[AnyEvent] = [responded(*(call(*made) for made in calls))]
+    events: list[AnyEvent] = [responded(*(call(*made) for made in calls), unreadable=draw(rare))]
     answers = [(call_id, draw(TEXTS), draw(rare)) for call_id in ids]
     for call_id, text, is_error in draw(st.permutations(answers)):
         if draw(st.booleans()):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import msgspec
@@ -11,6 +12,7 @@ from turnkeeper.events import (
     AgentSpec,
     GuardConfig,
     LoopDetection,
+    ModelResponded,
     ReplayError,
     ToolSpec,
 )
@@ -107,3 +109,22 @@ def test_a_message_queued_while_the_model_was_called_does_not_diverge() -> None:
     assert events[0].event == opened_event(open_session(SPEC, session_id=state.session_id))
     assert replay(events) == state
     assert recheck(events) is None
+
+
+async def test_responses_spelled_another_way_in_the_log_still_agree() -> None:
+    result = await looping_run()
+    respelled = []
+    for envelope in result.events:
+        event = envelope.event
+        if isinstance(event, ModelResponded):
+            # Another writer's spelling of the same JSON.
+            spelled = json.dumps(msgspec.json.decode(event.response), indent=1).encode()
+            event = msgspec.structs.replace(event, response=msgspec.Raw(spelled))
+        respelled.append(msgspec.structs.replace(envelope, event=event))
+    assert respelled != list(result.events)
+    assert recheck(respelled) is None
+    divergence = recheck(respelled, guards=GuardConfig(loop=None))
+    original = recheck(result.events, guards=GuardConfig(loop=None))
+    assert divergence is not None
+    assert original is not None
+    assert (divergence.poll, divergence.summary) == (original.poll, original.summary)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+
 from turnkeeper._jsonschema import coerce, is_valid, validate
 from turnkeeper.events._types import AgentSpec, ToolUse
 
@@ -51,6 +53,16 @@ def is_unreadable(response: dict[str, Any]) -> bool:
     """Whether a backend flagged the reply as an attempted tool call it could not read."""
     marks = response.get("turnkeeper")
     return isinstance(marks, dict) and marks.get("unreadable") is True
+
+
+def logged_unreadable(response: msgspec.Raw) -> bool:
+    """`is_unreadable` of a logged response (encoded JSON), decoding only one that may hold
+    the flag: its key spelled out, or any `\\u` escape, which could spell it."""
+    data = bytes(response)
+    if b"turnkeeper" not in data and b"\\u" not in data:
+        return False
+    decoded: dict[str, Any] = msgspec.json.decode(data)  # an object: see ModelResponded
+    return is_unreadable(decoded)
 
 
 def reply_problem(spec: AgentSpec, uses: tuple[ToolUse, ...], unreadable: bool) -> str | None:

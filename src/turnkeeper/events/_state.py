@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from turnkeeper.events._calls import is_unreadable
+from turnkeeper.events._calls import logged_unreadable
 from turnkeeper.events._errors import InputError, ReplayError, SeqError
 from turnkeeper.events._events import (
     Cancelled,
@@ -393,7 +393,7 @@ def _apply_response(state: SessionState, event: Any, envelope: Envelope) -> Sess
         pending=uses,
         usage=state.usage + event.usage,
         episode_usage=state.episode_usage + event.usage,
-        last_unreadable=is_unreadable(event.response),
+        last_unreadable=logged_unreadable(event.response),
         reply_calls=uses,
         status=status,
         in_poll=False,
@@ -580,8 +580,7 @@ class _Trip:
         usage = event.usage
         self.prompt_tokens += usage.prompt_tokens
         self.completion_tokens += usage.completion_tokens
-        response = event.response
-        self.last_unreadable = "turnkeeper" in response and is_unreadable(response)
+        self.last_unreadable = logged_unreadable(event.response)
         self.status = "requires_action"
         self.in_poll = False
         self.stop_reason = "tool_use"

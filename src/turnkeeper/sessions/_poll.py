@@ -209,7 +209,7 @@ def end_poll(
     message, finish_reason, usage = check_response(response, call_prefix=f"call_{state.seq + 1}")
     assert isinstance(response, dict)  # check_response saw to it
     try:
-        _json.encode(response)
+        logged = msgspec.Raw(_json.encode(response))
     except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as exc:
         raise _malformed(f"it cannot be logged as JSON ({exc})") from None
     reply = Reply(
@@ -225,9 +225,7 @@ def end_poll(
     for event in reported:
         log.push(event, now)
     log.push(
-        ModelResponded(
-            response=response, message=message, finish_reason=finish_reason, usage=usage
-        ),
+        ModelResponded(response=logged, message=message, finish_reason=finish_reason, usage=usage),
         now,
     )
     for answer in verdict.self_answers:

@@ -126,7 +126,17 @@ def recheck(
         if response is None or not isinstance(response.event, ModelResponded):
             logged = [e.event for e in events[index : index + 1]]
             return _diverged(poll, envelope.seq, logged, [_MODEL_CALL])
-        after, ended = end_poll(state, response.event.response, now=response.at, guard=guard)
+        logged_response = response.event.response
+        after, ended = end_poll(
+            state, msgspec.json.decode(logged_response), now=response.at, guard=guard
+        )
+        # The response is the log's, byte for byte: end_poll encodes it again, and a log
+        # written elsewhere may spell the same JSON differently.
+        first = after[0]
+        assert isinstance(first.event, ModelResponded)
+        after[0] = msgspec.structs.replace(
+            first, event=msgspec.structs.replace(first.event, response=logged_response)
+        )
         matched = _match(events, index, after)
         if matched is not None:
             return _diverged(poll, envelope.seq, matched, [e.event for e in after])
@@ -136,7 +146,7 @@ def recheck(
 
 
 _MODEL_CALL = ModelResponded(
-    response={}, message={"role": "assistant"}, finish_reason=None, usage=Usage()
+    response=msgspec.Raw(b"{}"), message={"role": "assistant"}, finish_reason=None, usage=Usage()
 )
 """Stands for "the guards would call the model here" in a divergence."""
 

@@ -63,15 +63,15 @@ _seq_of = attrgetter("seq")
 
 
 def _aggregated(rows: str) -> str:
-    """A query for the rows of `rows` as one row: their positions, session ids, seqs and
-    body lengths as JSON arrays, and their bodies joined.
+    """A query for the rows of `rows` as one row: their positions, session ids and seqs as
+    JSON arrays, and their bodies joined by newlines (which this package's bodies, compact
+    JSON, never hold).
 
     Fetched one by one, rows take and drop the GIL at every row and hold it to build each
     row's tuple; as one row, SQLite makes a whole page in one step, without the GIL.
     """
     return f"""SELECT json_group_array(pos), json_group_array(session_id),
-        json_group_array(seq), json_group_array(length(body)),
-        CAST(group_concat(body, '') AS BLOB)
+        json_group_array(seq), CAST(group_concat(body, x'0a') AS BLOB)
         FROM ({rows})"""
 
 
@@ -334,7 +334,8 @@ def _fetch_page(
     query: _Query, parameters: tuple[object, ...], connection: sqlite3.Connection
 ) -> _Page:
     """In a worker thread: a page of `query`'s rows, fetched as one row of aggregates, or
-    row by row if a value in it is not of its column's type (in a file changed by hand)."""
+    row by row if a value in it is not of its column's type or a body holds a newline (in
+    a file changed by hand)."""
     try:
         aggregates = connection.execute(query.aggregated, parameters).fetchone()
     except sqlite3.OperationalError as exc:
@@ -350,35 +351,28 @@ def _fetch_page(
 
 
 def _unpacked(
-    query: _Query, positions: str, session_ids: str, seqs: str, sizes: str, bodies: bytes | None
+    query: _Query, positions: str, session_ids: str, seqs: str, bodies: bytes | None
 ) -> _Page | None:
     """The page in a row of aggregates, or None if it cannot stand for the rows.
 
     A null or a value of another type where the schema has a session id or seq does not
-    decode. The lengths of the bodies add up to the joined bodies' length unless a body is
-    null or text of characters longer than a byte (a text of single bytes reads the same
-    as bytes). SQLite aggregates rows in its subquery's order, but does not promise to.
+    decode. The joined bodies split into one part per row unless a body is null or holds
+    a newline. SQLite aggregates rows in its subquery's order, but does not promise to.
     """
     try:
         page = _Page(
             _integers.decode(positions), _texts.decode(session_ids), _integers.decode(seqs), []
         )
-        lengths = _integers.decode(sizes)
     except msgspec.DecodeError:
         return None
-    joined = bodies or b""
+    if bodies is not None:
+        page.bodies.extend(bodies.split(b"\n"))
     order = page.seqs if query.by_seq else page.positions
     if not (
-        len(page.session_ids) == len(page.seqs) == len(lengths) == len(page.positions)
-        and sum(lengths) == len(joined)
+        len(page.session_ids) == len(page.seqs) == len(page.bodies) == len(page.positions)
         and order == sorted(order)
     ):
         return None
-    # Copied out: cheaper than a memoryview slice (a tracked object) for bodies this size.
-    start = 0
-    for length in lengths:
-        page.bodies.append(joined[start : start + length])
-        start += length
     return page
 
 

@@ -45,6 +45,9 @@ def test_a_logged_response_is_flagged_as_the_live_one_is(response: dict[str, Any
         (b'{"note":"turnkeeper unreadable true"}', False),
         (b'{"x":{"turnkeeper":{"unreadable":true}}}', False),
         (b'{"choices":[]}', False),
+        # Not what this package logs, but what a log written by hand may hold.
+        (b'["turnkeeper", {"unreadable": true}]', False),
+        (b'"\\u0074urnkeeper"', False),
     ],
 )
 def test_a_logged_response_is_flagged_however_it_is_spelled(spelled: bytes, flagged: bool) -> None:

@@ -59,10 +59,12 @@ def logged_unreadable(response: msgspec.Raw) -> bool:
     """`is_unreadable` of a logged response (encoded JSON), decoding only one that may hold
     the flag: its key spelled out, or any `\\u` escape, which could spell it."""
     data = bytes(response)
-    if b"turnkeeper" not in data and b"\\u" not in data:
+    # find, not `in`: bytes.__contains__ first tries its argument as an int, and raises
+    # and clears a TypeError to learn that it is not one.
+    if data.find(b"turnkeeper") < 0 and data.find(b"\\u") < 0:
         return False
-    decoded: dict[str, Any] = msgspec.json.decode(data)  # an object: see ModelResponded
-    return is_unreadable(decoded)
+    decoded = msgspec.json.decode(data)
+    return isinstance(decoded, dict) and is_unreadable(decoded)
 
 
 def reply_problem(spec: AgentSpec, uses: tuple[ToolUse, ...], unreadable: bool) -> str | None:

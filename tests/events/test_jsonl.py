@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import gc
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +34,7 @@ from turnkeeper.events import (
     read_jsonl,
     write_jsonl,
 )
-from turnkeeper.events._jsonl import _decode_lines, gc_paused
+from turnkeeper.events._jsonl import _decode_lines
 from turnkeeper.sessions import open_session, opened_event
 
 SPEC = AgentSpec(system_prompt="You help.", tools=(ToolSpec("search"),), model="tiny")
@@ -343,44 +340,3 @@ def test_decoding_a_whole_log_at_once_reads_as_line_by_line(
     except LogError as exc:
         read = f"{type(exc).__name__}: {exc}"
     assert read == line_by_line(data)
-
-
-@contextmanager
-def young_collections() -> Iterator[list[int]]:
-    """The generation of each collection that runs within the block, in order, in the
-    list yielded."""
-    collected: list[int] = []
-
-    def note(phase: str, info: dict[str, Any]) -> None:
-        if phase == "start":
-            collected.append(info["generation"])
-
-    gc.callbacks.append(note)
-    try:
-        yield collected
-    finally:
-        gc.callbacks.remove(note)
-
-
-def test_settling_a_pause_moves_what_it_made_to_the_oldest_generation() -> None:
-    with young_collections() as collected, gc_paused() as settle:
-        made = [{"tool_calls": [index]} for index in range(1000)]
-        assert not gc.isenabled()
-        assert id(made[0]) not in {id(each) for each in gc.get_objects(2)}
-        settle()
-        oldest = {id(each) for each in gc.get_objects(2)}
-        assert all(id(each) in oldest for each in made)
-        assert not gc.isenabled()
-    assert gc.isenabled()
-    assert collected == [1]
-
-
-def test_a_pause_within_a_collector_turned_off_neither_collects_nor_turns_it_on() -> None:
-    gc.disable()
-    try:
-        with young_collections() as collected, gc_paused() as settle:
-            settle()
-        assert not gc.isenabled()
-        assert collected == []
-    finally:
-        gc.enable()

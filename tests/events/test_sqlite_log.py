@@ -19,7 +19,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.events.test_jsonl import young_collections
 from tests.events.test_logs import envelope, run
 from turnkeeper.events import Envelope, LogCorrupt, LogError, SeqError
 from turnkeeper.events import _sqlite_log as sqlite_log
@@ -427,27 +426,6 @@ async def test_a_body_stored_as_text_reads_as_before(tmp_path: Path) -> None:
     async with SqliteLog(path) as log:
         assert await log.read("s1") == run("s1", 1, 3)
         assert [e for _, e in await log.read_all()] == run("s1", 1, 3)
-
-
-@pytest.mark.anyio
-@pytest.mark.usefixtures("small_pages")
-async def test_reads_settle_the_collector_page_by_page(tmp_path: Path) -> None:
-    path = tmp_path / "log.db"
-    async with SqliteLog(path) as log:
-        await log.append(run("s1", 1, 7), expected_seq=0)
-        with young_collections() as collected:
-            read = await log.read("s1")
-            pairs = await log.read_all()
-        # Pages of 3, 3 and 1 rows, in each read.
-        assert collected == [1] * 6
-        assert [e for _, e in pairs] == read == run("s1", 1, 7)
-        gc.disable()
-        try:
-            with young_collections() as collected:
-                assert await log.read("s1") == read
-            assert collected == []
-        finally:
-            gc.enable()
 
 
 @pytest.mark.anyio

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -137,39 +137,24 @@ def _decode_lines(lines: list[bytes], complete: bool) -> JsonlRead:
 
 
 @contextmanager
-def gc_paused() -> Iterator[Callable[[], None]]:
+def gc_paused() -> Iterator[None]:
     """Hold off the cycle collector while many objects are made at once: envelopes being
     decoded, or the pairs `read_all` returns.
 
     Each event makes a few containers the collector tracks, so thousands would set off
     many collections, some of them walking every tracked object in the process
-    (Mercurial's `nogc` does the same for bulk loads). Nothing made here forms a cycle.
-    The switch is process-wide: code that turns the collector off meanwhile finds it
-    back on after.
-
-    Yields `settle`, to call after each few thousand objects: it runs, at once, the
-    collection of the young generations that the objects made so far would set off.
-    It walks them once, while they are still in the cache, and moves them to the oldest
-    generation; left to the collector, they would be walked once the pause ends, cold,
-    and again in the middle generation. When the collector was off already (the
-    caller's choice), `settle` does nothing.
+    (Mercurial's `nogc` does the same for bulk loads). Nothing made here forms a cycle;
+    the collector sees the objects in one collection once it runs again. The switch is
+    process-wide: code that turns the collector off meanwhile finds it back on after.
     """
     if not gc.isenabled():
-        yield _leave
+        yield
         return
     gc.disable()
     try:
-        yield _collect_young
+        yield
     finally:
         gc.enable()
-
-
-def _collect_young() -> None:
-    gc.collect(1)
-
-
-def _leave() -> None:
-    """What `settle` does when the collector was off: nothing."""
 
 
 def write_jsonl(path: str | Path, events: Iterable[Envelope]) -> None:

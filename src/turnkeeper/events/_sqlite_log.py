@@ -160,10 +160,9 @@ class SqliteLog(EventLog):
             if page.seqs != list(range(expected, expected + len(page.seqs))):
                 raise _gap(self.path, session_id, page.seqs, expected)
             events.extend(envelopes)
-            settle()
 
         # One pause of the cycle collector for the whole read (see `_read_all`).
-        with gc_paused() as settle:
+        with gc_paused():
             await self._read_pages(_SESSION, (session_id,), after, limit, take)
         return events
 
@@ -187,11 +186,11 @@ class SqliteLog(EventLog):
 
         def take(page: _Page) -> None:
             found.extend(zip(page.positions, _decoded(self.path, page), strict=True))
-            settle()
 
-        # One pause of the cycle collector for the whole read, settled page by page (see
-        # `gc_paused`): the pages' objects are walked once each, while in the cache.
-        with gc_paused() as settle:
+        # One pause of the cycle collector for the whole read: paused page by page, it
+        # would walk each page once the page is decoded, and again in the older
+        # generations' collections that the many young ones set off.
+        with gc_paused():
             await self._read_pages(_ALL, (), after, limit, take)
         return found
 

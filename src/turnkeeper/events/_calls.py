@@ -51,20 +51,30 @@ def _call_problem(spec: AgentSpec, use: ToolUse) -> str | None:
 
 def is_unreadable(response: dict[str, Any]) -> bool:
     """Whether a backend flagged the reply as an attempted tool call it could not read."""
-    marks = response.get("turnkeeper")
-    return isinstance(marks, dict) and marks.get("unreadable") is True
+    return _flags_unreadable(response.get("turnkeeper"))
+
+
+class _Marks(msgspec.Struct):
+    """The one part of a logged response that a replay reads: turnkeeper's own marks."""
+
+    turnkeeper: Any = None
+
+
+_marks_of = msgspec.json.Decoder(_Marks).decode
 
 
 def logged_unreadable(response: msgspec.Raw) -> bool:
-    """`is_unreadable` of a logged response (encoded JSON), decoding only one that may hold
-    the flag: its key spelled out, or any `\\u` escape, which could spell it."""
-    data = bytes(response)
-    # find, not `in`: bytes.__contains__ first tries its argument as an int, and raises
-    # and clears a TypeError to learn that it is not one.
-    if data.find(b"turnkeeper") < 0 and data.find(b"\\u") < 0:
+    """`is_unreadable` of a logged response (encoded JSON), decoding its `turnkeeper` key
+    alone; a response that is not a JSON object is not flagged."""
+    try:
+        marks = _marks_of(response).turnkeeper
+    except msgspec.ValidationError:
         return False
-    decoded = msgspec.json.decode(data)
-    return isinstance(decoded, dict) and is_unreadable(decoded)
+    return _flags_unreadable(marks)
+
+
+def _flags_unreadable(marks: object) -> bool:
+    return isinstance(marks, dict) and marks.get("unreadable") is True
 
 
 def reply_problem(spec: AgentSpec, uses: tuple[ToolUse, ...], unreadable: bool) -> str | None:

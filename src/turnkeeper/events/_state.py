@@ -26,6 +26,7 @@ from turnkeeper.events._events import (
     ReplyReplaced,
     SessionOpened,
     TerminalToolCalled,
+    ToolCalled,
     ToolResultsReceived,
     ToolReturned,
 )
@@ -491,14 +492,17 @@ class _Trip:
     fold's list of the whole history (see `fold`), which stands for the state's own.
 
     The tokens of the trip's responses are summed once for both usages, the tools' results
-    kept as their events until `put` needs them, and whether `close` may apply a tool's
-    results found once per tool: the state that decides it stays as it is for the trip."""
+    kept as their events until `put` needs them, the last response kept until `put` reads
+    its unreadable flag (only the last one's counts), and whether `close` may apply a
+    tool's results found once per tool: the state that decides it stays as it is for the
+    trip."""
 
     __slots__ = (
         "closable",
         "completion_tokens",
         "history",
         "in_poll",
+        "last_response",
         "last_unreadable",
         "pending",
         "polls",
@@ -521,6 +525,7 @@ class _Trip:
         self.prompt_tokens = 0
         self.completion_tokens = 0
         self.last_unreadable = state.last_unreadable
+        self.last_response: msgspec.Raw | None = None
         self.status = state.status
         self.in_poll = state.in_poll
         self.stop_reason = state.stop_reason
@@ -547,7 +552,9 @@ class _Trip:
             episode_usage=Usage(
                 episode.prompt_tokens + prompt, episode.completion_tokens + completion
             ),
-            last_unreadable=self.last_unreadable,
+            last_unreadable=self.last_unreadable
+            if self.last_response is None
+            else logged_unreadable(self.last_response),
             status=self.status,
             in_poll=self.in_poll,
             stop_reason=self.stop_reason,
@@ -580,7 +587,7 @@ class _Trip:
         usage = event.usage
         self.prompt_tokens += usage.prompt_tokens
         self.completion_tokens += usage.completion_tokens
-        self.last_unreadable = logged_unreadable(event.response)
+        self.last_response = event.response
         self.status = "requires_action"
         self.in_poll = False
         self.stop_reason = "tool_use"
@@ -653,6 +660,8 @@ def fold(state: SessionState, events: Iterable[Envelope]) -> SessionState:
         if envelope.seq != seq or envelope.session_id != session_id:
             raise _out_of_order(session_id, seq, envelope)
         event = envelope.event
+        if type(event) is ToolCalled:
+            continue
         if type(event) is ToolReturned:
             trip.answer(event)
             continue

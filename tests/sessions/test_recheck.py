@@ -128,3 +128,17 @@ async def test_responses_spelled_another_way_in_the_log_still_agree() -> None:
     assert divergence is not None
     assert original is not None
     assert (divergence.poll, divergence.summary) == (original.poll, original.summary)
+
+
+@pytest.mark.parametrize("spelled", [b"[1, 2]", b'{"choices": []}', b'{"id": "x"}'])
+async def test_a_logged_response_no_poll_would_log_is_a_replay_error(spelled: bytes) -> None:
+    result = await looping_run(max_turns=3)
+    events = list(result.events)
+    index = next(i for i, e in enumerate(events) if isinstance(e.event, ModelResponded))
+    logged = events[index]
+    assert isinstance(logged.event, ModelResponded)
+    events[index] = msgspec.structs.replace(
+        logged, event=msgspec.structs.replace(logged.event, response=msgspec.Raw(spelled))
+    )
+    with pytest.raises(ReplayError, match=rf"seq {logged.seq}: malformed response"):
+        recheck(events)

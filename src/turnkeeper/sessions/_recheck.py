@@ -13,6 +13,7 @@ import msgspec
 
 from turnkeeper.events import (
     AnyEvent,
+    ChatError,
     ChatFailed,
     ChatRetried,
     DirectiveInjected,
@@ -127,9 +128,13 @@ def recheck(
             logged = [e.event for e in events[index : index + 1]]
             return _diverged(poll, envelope.seq, logged, [_MODEL_CALL])
         logged_response = response.event.response
-        after, ended = end_poll(
-            state, msgspec.json.decode(logged_response), now=response.at, guard=guard
-        )
+        try:
+            after, ended = end_poll(
+                state, msgspec.json.decode(logged_response), now=response.at, guard=guard
+            )
+        except ChatError as exc:
+            # No live poll logs such a response: the log was written by other means.
+            raise ReplayError(f"session {response.session_id}: seq {response.seq}: {exc}") from None
         # The response is the log's, byte for byte: end_poll encodes it again, and a log
         # written elsewhere may spell the same JSON differently.
         first = after[0]

@@ -742,9 +742,7 @@ async def test_a_body_holding_a_newline_is_fetched_row_by_row(
         + spelled.replace(b'"text"', b'"type":"local.user_message","text"')
         + b"}"
     )
-    with sqlite3.connect(path) as connection:
-        connection.execute("UPDATE events SET body = ? WHERE seq = 2", (body,))
-    connection.close()
+    set_body(path, 2, body)
     async with SqliteLog(path) as log:
         ran = statements(log)
         read = await log.read("s1")

@@ -203,59 +203,54 @@ class SqliteLog(EventLog):
         take: Callable[[_Page], None],
     ) -> None:
         """Hand `take` the pages of `query`'s rows after `after`, at most `limit` rows in
-        all, in order. While `take` has one page, the worker thread fetches the next: the
-        fetch runs in SQLite without the GIL, so the two overlap."""
+        all, in order. After the first page, one call in a worker thread fetches the rest
+        one after another: while `take` has one page, it fetches the next, in SQLite
+        without the GIL, so the two overlap. An error is raised as itself: the one `take`
+        raised, else the fetch's."""
         size = _page_size(limit, 0)
         page = await self._on_reader(partial(_fetch_page, query, (*key, after, size)))
-        fetched = size
-        while len(page.positions) == size and fetched != limit:
-            size = _page_size(limit, fetched)
-            following = partial(_fetch_page, query, (*key, page.last(query), size))
-            page = await self._alongside(following, partial(take, page))
-            fetched += size
-        take(page)
-
-    async def _alongside(
-        self, work: Callable[[sqlite3.Connection], _T], here: Callable[[], None]
-    ) -> _T:
-        """`work`'s result, run on the read connection in a worker thread while `here`
-        runs on this one. An error is raised as itself: the one `here` raised, else the one
-        `work` raised."""
-        begun = anyio.Event()
-        going = threading.Event()
-        results: list[_T] = []
+        if len(page.positions) < size or size == limit:
+            take(page)
+            return
+        pages = _Pages()
         errors: list[Exception] = []
-
-        def work_once_begun(connection: sqlite3.Connection) -> _T:
-            try:
-                anyio.from_thread.run_sync(begun.set)
-            finally:
-                going.set()
-            return work(connection)
 
         async def fetch() -> None:
             try:
-                results.append(await self._on_reader(work_once_begun))
+                await self._on_reader(
+                    partial(_fetch_pages, query, key, page.last(query), limit, size, pages)
+                )
             except Exception as exc:
                 errors.append(exc)
             finally:
-                going.set()
-                begun.set()
+                pages.send.close()
+                pages.going.set()
+                pages.begun.set()
 
         async with anyio.create_task_group() as group:
             group.start_soon(fetch)
-            await begun.wait()
-            # The thread, running, needs the GIL to go on into SQLite, and `here` would
-            # hold it for milliseconds (a thread that asks gets it only every
-            # `sys.getswitchinterval()`): the GIL is let go for the microseconds that takes.
-            going.wait()
             try:
-                here()
+                await pages.begun.wait()
+                while True:
+                    # The thread, once it has begun or been given a page, goes on into
+                    # SQLite for the next and needs the GIL to get there; `take` would hold
+                    # it for milliseconds (a thread that asks gets it only every
+                    # `sys.getswitchinterval()`): it is let go for the microseconds that
+                    # takes.
+                    pages.going.wait()
+                    pages.taken.set()
+                    take(page)
+                    try:
+                        page = await pages.receive.receive()
+                    except anyio.EndOfStream:
+                        break
             except Exception as exc:
                 errors.insert(0, exc)
+            finally:
+                pages.stop()
+                pages.receive.close()
         if errors:
             raise errors[0]
-        return results[0]
 
     async def _on_reader(self, work: Callable[[sqlite3.Connection], _T]) -> _T:
         """Run `work` on the read connection in a worker thread, one at a time."""
@@ -348,6 +343,71 @@ def _fetch_page(
         rows = connection.execute(query.rows, parameters).fetchall()
         page = _Page(*map(list, zip(*rows, strict=True))) if rows else _Page([], [], [], [])
     return page
+
+
+class _Pages:
+    """Pages handed from the worker thread that fetches them to the task that takes them,
+    one at a time: the thread fetches the next page while the task has one."""
+
+    def __init__(self) -> None:
+        self.send, self.receive = anyio.create_memory_object_stream[_Page](1)
+        self.begun = anyio.Event()
+        # Set once the task has the page handed over before (or the first, fetched before
+        # the thread began) and is past waiting for `going`: only then may `going` be
+        # cleared for the next page.
+        self.taken = threading.Event()
+        # Set once the thread, begun or given the task's page, is going on into SQLite
+        # (or is done).
+        self.going = threading.Event()
+        self.stopped = False
+
+    def begin(self) -> None:
+        """In the worker thread: tell the task it has begun."""
+        anyio.from_thread.run_sync(self.begun.set)
+
+    def hand_over(self, page: _Page) -> bool:
+        """In the worker thread: give `page` to the task once it has taken the one before;
+        False if it stopped taking pages."""
+        self.taken.wait()
+        if self.stopped:
+            return False
+        self.taken.clear()
+        self.going.clear()
+        anyio.from_thread.run_sync(self.send.send_nowait, page)
+        return True
+
+    def stop(self) -> None:
+        """The task takes no more pages."""
+        self.stopped = True
+        self.taken.set()
+
+
+def _fetch_pages(
+    query: _Query,
+    key: tuple[object, ...],
+    after: int,
+    limit: int | None,
+    fetched: int,
+    pages: _Pages,
+    connection: sqlite3.Connection,
+) -> None:
+    """In a worker thread: fetch `query`'s rows after `after`, page by page, and hand each
+    to `pages`, until there are no more or `limit` rows have been fetched in all, counting
+    the `fetched` already."""
+    try:
+        pages.begin()
+        while True:
+            size = _page_size(limit, fetched)
+            pages.going.set()
+            page = _fetch_page(query, (*key, after, size), connection)
+            fetched += size
+            more = len(page.positions) == size and fetched != limit
+            if not pages.hand_over(page) or not more:
+                return
+            after = page.last(query)
+    finally:
+        # However it ends, the task must not wait for it to go on.
+        pages.going.set()
 
 
 def _unpacked(

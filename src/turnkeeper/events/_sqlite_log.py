@@ -214,12 +214,11 @@ class SqliteLog(EventLog):
             return
         pages = _Pages()
         errors: list[Exception] = []
+        rest = partial(_fetch_pages, query, key, page.last(query), limit, size, pages)
 
         async def fetch() -> None:
             try:
-                await self._on_reader(
-                    partial(_fetch_pages, query, key, page.last(query), limit, size, pages)
-                )
+                await self._on_reader(rest)
             except Exception as exc:
                 errors.append(exc)
             finally:

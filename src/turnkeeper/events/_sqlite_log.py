@@ -210,7 +210,7 @@ class SqliteLog(EventLog):
         raised, else the fetch's."""
         size = _page_size(limit, 0)
         page = await self._on_reader(partial(_fetch_page, query, (*key, after, size)))
-        if len(page.positions) < size or size == limit:
+        if not _read_on(page, size, size, limit):
             take(page)
             return
         pages = _Pages()
@@ -325,6 +325,12 @@ def _page_size(limit: int | None, fetched: int) -> int:
     return _PAGE if limit is None else min(limit - fetched, _PAGE)
 
 
+def _read_on(page: _Page, size: int, fetched: int, limit: int | None) -> bool:
+    """Whether a read goes on after `page`, fetched as `size` rows: it came full, and the
+    `fetched` rows so far are not yet `limit`."""
+    return len(page.positions) == size and fetched != limit
+
+
 def _fetch_page(
     query: _Query, parameters: tuple[object, ...], connection: sqlite3.Connection
 ) -> _Page:
@@ -401,7 +407,7 @@ def _fetch_pages(
             pages.going.set()
             page = _fetch_page(query, (*key, after, size), connection)
             fetched += size
-            more = len(page.positions) == size and fetched != limit
+            more = _read_on(page, size, fetched, limit)
             if not pages.hand_over(page) or not more:
                 return
             after = page.last(query)

@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 
 from tests.events.test_logs import envelope, run
 from turnkeeper.events import Envelope, LogCorrupt, LogError, SeqError, decode_jsonl, encode_jsonl
-from turnkeeper.events import _jsonl_log as jsonl_log
 from turnkeeper.events._jsonl_log import JsonlLog
 
 
@@ -269,10 +268,7 @@ async def test_any_bytes_in_a_log_directory_raise_only_log_errors(
 
 
 @pytest.mark.anyio
-async def test_opening_reads_files_in_runs_and_leaves_the_collector_as_it_found_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(jsonl_log, "_EVENTS_PER_PAUSE", 2)
+async def test_opening_leaves_the_collector_as_it_found_it(tmp_path: Path) -> None:
     await write_sessions(tmp_path, {"a": 3, "b": 1, "c": 1, "d": 2})
     async with JsonlLog(tmp_path) as log:
         assert gc.isenabled()

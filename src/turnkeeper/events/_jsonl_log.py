@@ -26,8 +26,6 @@ _SUFFIX = ".jsonl"
 _ORDER = "order.idx"
 _session_of = attrgetter("session_id")
 _seq_of = attrgetter("seq")
-# Events decoded in one pause of the cycle collector when the log opens.
-_EVENTS_PER_PAUSE = 4096
 
 
 class _Tail(msgspec.Struct, frozen=True):
@@ -209,22 +207,9 @@ def _load_directory(directory: Path) -> _Directory:
 
 
 def _load_files(paths: list[Path]) -> tuple[_SessionFile, ...]:
-    """The session files, read with the cycle collector paused (see `gc_paused`) for each
-    run of files holding a few thousand events: the collection after a run walks objects
-    still in the cache, and the few runs set off few collections."""
-    files: list[_SessionFile] = []
-    remaining = iter(paths)
-    while True:
-        count = 0
-        with gc_paused():
-            for path in remaining:
-                file = _load_file(path)
-                files.append(file)
-                count += len(file.events)
-                if count >= _EVENTS_PER_PAUSE:
-                    break
-            else:
-                return tuple(files)
+    """The session files, read in one pause of the cycle collector (see `gc_paused`)."""
+    with gc_paused():
+        return tuple(_load_file(path) for path in paths)
 
 
 def _load_order(path: Path) -> tuple[tuple[tuple[str, int], ...], bool]:

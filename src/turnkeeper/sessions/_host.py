@@ -61,6 +61,7 @@ from turnkeeper.sessions._poll import (
     failure_events,
     opened_event,
 )
+from turnkeeper.sessions._slots import Slots
 from turnkeeper.tools._handlers import (
     ToolContext,
     Tools,
@@ -249,7 +250,7 @@ class Host:
         self.tool_concurrency = tool_concurrency
         self.tool_timeout = tool_timeout
         self.max_model_calls = max_model_calls
-        self._model_slots: anyio.CapacityLimiter | None = None
+        self._model_slots: Slots | None = None
         self.clock = clock
         self.counters: dict[str, int] = {}
         self.append_seconds: list[float] = []
@@ -265,7 +266,7 @@ class Host:
         try:
             await stack.enter_async_context(self._mcp)
             if self.max_model_calls is not None:
-                self._model_slots = anyio.CapacityLimiter(self.max_model_calls)
+                self._model_slots = Slots(self.max_model_calls)
             self._group = await stack.enter_async_context(anyio.create_task_group())
             self._stack = stack
             self._accepting = True
@@ -763,17 +764,10 @@ class Host:
         """Make the model call of the poll in flight and log its answer (or its failure)."""
         slots = self._model_slots
         if slots is not None:
-            try:
-                slots.acquire_nowait()
-                waits = False
-            except anyio.WouldBlock:
-                waits = True
-            if waits:
-                # Outside the except clause: a waiting task keeps no exception alive.
-                await slots.acquire()
+            await slots.take()
             if self._stopping:
                 # Its request is logged: the host's next start makes the call.
-                slots.release()
+                slots.give_back()
                 return
         self._count("model_calls")
         response: object = None
@@ -785,7 +779,7 @@ class Host:
                 failure = error
             finally:
                 if slots is not None:
-                    slots.release()
+                    slots.give_back()
         async with session.lock:
             # The state as it is now: messages may have been queued during the call.
             state = session.state

@@ -8,6 +8,7 @@ call answered once in history, and `replay(log)` equal to the host's live state.
 
 from __future__ import annotations
 
+import sqlite3
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -31,7 +32,15 @@ from tests.sessions.host_worker import (
     step_tool,
     stepper,
 )
-from turnkeeper.events import ChatError, Envelope, Failed, InputError, ToolCalled, replay
+from turnkeeper.events import (
+    ChatError,
+    Envelope,
+    Failed,
+    InputError,
+    LogCorrupt,
+    ToolCalled,
+    replay,
+)
 from turnkeeper.events._log import EventLog
 from turnkeeper.events._memory_log import MemoryLog
 from turnkeeper.events._sqlite_log import SqliteLog
@@ -518,3 +527,31 @@ async def test_recovery_skips_an_unreadable_session_and_resumes_the_others() -> 
         assert sorted(await host.sessions()) == ["broken", "good"]
         with pytest.raises(UnknownSession, match="broken cannot be rebuilt"):
             await host.status("broken")
+
+
+async def test_recovery_reads_session_by_session_past_a_damaged_row(tmp_path: Path) -> None:
+    path = tmp_path / "log.sqlite"
+    gate = anyio.Event()
+
+    async def stalled(request: dict[str, Any]) -> dict[str, Any]:
+        await gate.wait()
+        raise AssertionError("never answered")
+
+    async with SqliteLog(path) as log, Host(chat=stalled, log=log, stop_grace=0) as host:
+        for name in ("good", "damaged", "also good"):
+            await host.start(SPEC, prompt_for(1, name), session_id=name)
+    connection = sqlite3.connect(path, isolation_level=None)
+    connection.execute("UPDATE events SET body = x'7b' WHERE session_id = 'damaged' AND seq = 2")
+    connection.close()
+
+    async with SqliteLog(path) as log:
+        # The one pass over the log stops at the damaged row...
+        with pytest.raises(LogCorrupt, match="session damaged seq 2"):
+            await log.read_all()
+        async with Host(chat=stepper(), log=log, tools=step_tool()) as host:
+            # ... so the host reads the sessions one by one, and loses only that one.
+            assert host.counters["sessions_recovered"] == 2
+            for name in ("good", "also good"):
+                assert (await settle(host, name)).text == answer_for(1)
+            with pytest.raises(LogCorrupt):
+                await host.status("damaged")

@@ -1,0 +1,102 @@
+"""rebuild_all: every session of a log rebuilt in one pass, page by page, as replaying
+each session's own events would; a session that does not replay gets its error."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from turnkeeper.events import (
+    AgentSpec,
+    Envelope,
+    EventLog,
+    LogCorrupt,
+    MemoryLog,
+    SeqError,
+    SqliteLog,
+    ToolSpec,
+    replay,
+)
+from turnkeeper.providers import text_response, tool_response
+from turnkeeper.sessions import run
+from turnkeeper.sessions._rebuild import rebuild_all
+
+pytestmark = pytest.mark.anyio
+
+SPEC = AgentSpec(system_prompt="Look things up.", tools=(ToolSpec("lookup"),))
+
+
+async def recorded(session_id: str, trips: int) -> list[Envelope]:
+    """A session of `trips` tool round trips and an answer, under `session_id`."""
+    steps = iter(range(trips))
+
+    async def chat(request: dict[str, Any]) -> dict[str, Any]:
+        step = next(steps, None)
+        if step is None:
+            return text_response(f"{session_id} done")
+        return tool_response(("lookup", {"key": f"{session_id} {step}"}))
+
+    async def lookup(key: str) -> str:
+        return f"value of {key}"
+
+    result = await run(SPEC, "Look it up.", chat, tools={"lookup": lookup}, session_id=session_id)
+    return list(result.events)
+
+
+async def interleaved(log: EventLog, sessions: dict[str, list[Envelope]]) -> None:
+    """Append the sessions' events a few at a time, taking turns, as a Host would."""
+    done = dict.fromkeys(sessions, 0)
+    while any(done[name] < len(events) for name, events in sessions.items()):
+        for name, events in sessions.items():
+            start = done[name]
+            if start < len(events):
+                await log.append(events[start : start + 3], expected_seq=start)
+                done[name] = min(start + 3, len(events))
+
+
+@pytest.mark.parametrize("page", [1, 2, 7, 10_000])
+async def test_every_session_rebuilds_as_its_own_replay_would(page: int) -> None:
+    sessions = {f"s{index}": await recorded(f"s{index}", index) for index in range(4)}
+    log = MemoryLog()
+    await interleaved(log, sessions)
+    rebuilt = await rebuild_all(log, page=page)
+    assert list(rebuilt) == list(sessions)
+    for name, events in sessions.items():
+        assert rebuilt[name] == (replay(events), events[-1])
+
+
+async def test_a_session_that_does_not_replay_gets_its_error_and_the_others_rebuild(
+    tmp_path: Path,
+) -> None:
+    sessions = {"good": await recorded("good", 2), "gap": await recorded("gap", 3)}
+    path = tmp_path / "log.sqlite"
+    async with SqliteLog(path) as log:
+        await interleaved(log, sessions)
+    connection = sqlite3.connect(path, isolation_level=None)
+    connection.execute("DELETE FROM events WHERE session_id = 'gap' AND seq = 4")
+    connection.close()
+    async with SqliteLog(path) as log:
+        rebuilt = await rebuild_all(log, page=5)
+    error = rebuilt["gap"]
+    assert isinstance(error, SeqError)
+    assert "gap" in str(error)
+    assert rebuilt["good"] == (replay(sessions["good"]), sessions["good"][-1])
+
+
+async def test_a_page_that_does_not_read_is_a_log_error(tmp_path: Path) -> None:
+    path = tmp_path / "log.sqlite"
+    async with SqliteLog(path) as log:
+        await interleaved(log, {"a": await recorded("a", 1), "b": await recorded("b", 1)})
+    connection = sqlite3.connect(path, isolation_level=None)
+    connection.execute("UPDATE events SET body = x'7b' WHERE session_id = 'b' AND seq = 2")
+    connection.close()
+    async with SqliteLog(path) as log:
+        with pytest.raises(LogCorrupt, match="session b seq 2"):
+            await rebuild_all(log)
+
+
+async def test_an_empty_log_rebuilds_nothing() -> None:
+    assert await rebuild_all(MemoryLog()) == {}

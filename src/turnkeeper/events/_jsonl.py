@@ -155,8 +155,8 @@ def gc_paused() -> Iterator[None]:
     and be walked by each (about 8 ms for 20,000 events). They are moved to the oldest
     generation unwalked instead (`gc.freeze` then `gc.unfreeze`, each one list splice).
     Any other young objects move with them, garbage cycles among them then waiting for
-    the next full collection. Nothing moves while
-    objects are frozen: unfreezing would thaw them.
+    the next full collection. Nothing moves while objects are frozen: unfreezing would
+    thaw them.
     """
     if not gc.isenabled():
         yield

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 from typing import Any
 
@@ -130,6 +131,13 @@ def test_opening_logs_seq_1_and_keeps_the_state() -> None:
     assert log.state.history == (SYSTEM,)
     assert log.state.status == "idle"
     assert log.state.pending == ()
+
+
+def test_states_are_not_tracked_by_the_cycle_collector() -> None:
+    log = Log()
+    log.push(MessageReceived(text="hi"))
+    assert not gc.is_tracked(log.state)
+    assert not gc.is_tracked(log.replayed())
 
 
 def test_user_message_starts_a_running_episode() -> None:

@@ -51,13 +51,17 @@ requires_action: waits for the results of `pending`. halted: a guard stopped the
 _compact = msgspec.json.Encoder()
 
 
-class SessionState(msgspec.Struct, frozen=True):
+class SessionState(msgspec.Struct, frozen=True, gc=False):
     """Everything a session is, immutable. Advanced only by applying events.
 
     `in_poll` is true between a poll's input and the model's answer: a session rebuilt
     in that window (after a crash) makes that model call again. `reply_calls` and
     `last_unreadable` describe the model's last reply in the episode (for the repair guard).
     `queued` holds the messages accepted while the session was busy, oldest first.
+
+    Not tracked by the cycle collector (`gc=False`): it holds only data, which cannot
+    point back at it. A Host of 10,000 sessions makes one per event, and each would be
+    walked by the young collections it lives through.
     """
 
     session_id: str

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
 import msgspec
@@ -167,3 +168,12 @@ def test_data_types_are_frozen() -> None:
         field = value.__struct_fields__[0]
         with pytest.raises(AttributeError):
             setattr(value, field, getattr(value, field))
+
+
+def test_tool_uses_are_left_to_reference_counting() -> None:
+    use = ToolUse("c1", "search", {"q": ["a", "b"]})
+    assert not gc.is_tracked(use)
+    # A tuple of them is untracked by the collector's first look at it.
+    pending = (use,)
+    gc.collect()
+    assert not gc.is_tracked(pending)

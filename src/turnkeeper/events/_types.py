@@ -183,8 +183,11 @@ class AgentSpec(msgspec.Struct, frozen=True):
         return params
 
 
-class ToolUse(msgspec.Struct, frozen=True):
-    """A tool call the model made. `error` says why `input` is `{}` when the arguments were bad."""
+class ToolUse(msgspec.Struct, frozen=True, gc=False):
+    """A tool call the model made. `error` says why `input` is `{}` when the arguments were bad.
+
+    Not tracked by the cycle collector, as `SessionState`: only data, made for every reply.
+    """
 
     id: str
     name: str

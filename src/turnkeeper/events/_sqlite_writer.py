@@ -119,7 +119,9 @@ class Writer:
         Cancelled before its round is taken, the append is not written; after, it is.
         """
         pending = Pending(batch)
-        with self._work:
+        # The condition's own lock, taken in C: `with self._work` goes through two Python
+        # methods, on every append.
+        with self._lock:
             round_ = self._gathering
             if round_ is None:
                 round_ = self._gathering = Round()

@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from turnkeeper.events import (
     AgentSpec,
@@ -66,6 +68,30 @@ async def test_every_session_rebuilds_as_its_own_replay_would(page: int) -> None
     assert list(rebuilt) == list(sessions)
     for name, events in sessions.items():
         assert rebuilt[name] == (replay(events), events[-1])
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    trips=st.lists(st.integers(0, 4), min_size=1, max_size=5),
+    page=st.integers(1, 40),
+    data=st.data(),
+)
+async def test_any_interleaving_and_page_size_rebuild_as_each_replay(
+    trips: list[int], page: int, data: st.DataObject
+) -> None:
+    sessions = {
+        f"s{index}": await recorded(f"s{index}", count) for index, count in enumerate(trips)
+    }
+    log = MemoryLog()
+    done = dict.fromkeys(sessions, 0)
+    while waiting := [name for name, events in sessions.items() if done[name] < len(events)]:
+        name = data.draw(st.sampled_from(waiting))
+        start = done[name]
+        end = min(start + data.draw(st.integers(1, 4)), len(sessions[name]))
+        await log.append(sessions[name][start:end], expected_seq=start)
+        done[name] = end
+    rebuilt = await rebuild_all(log, page=page)
+    assert rebuilt == {name: (replay(events), events[-1]) for name, events in sessions.items()}
 
 
 async def test_a_session_that_does_not_replay_gets_its_error_and_the_others_rebuild(

@@ -664,16 +664,17 @@ def fold(state: SessionState, events: Iterable[Envelope]) -> SessionState:
         if envelope.seq != seq or envelope.session_id != session_id:
             raise _out_of_order(session_id, seq, envelope)
         event = envelope.event
-        if type(event) is ToolCalled:
+        kind = type(event)
+        if kind is ToolCalled:
             continue
-        if type(event) is ToolReturned:
+        if kind is ToolReturned:
             trip.answer(event)
             continue
-        if (type(event) is ModelResponded and trip.call(event)) or (
-            type(event) is ToolResultsReceived and trip.close(event)
+        if (kind is ModelResponded and trip.call(event)) or (
+            kind is ToolResultsReceived and trip.close(event)
         ):
             continue
-        rule = rules.get(type(event))
+        rule = rules.get(kind)
         if rule is not None:
             changed = rule(trip.put(seq - 1), event, envelope)
             history += changed.history

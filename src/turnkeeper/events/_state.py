@@ -664,17 +664,16 @@ def fold(state: SessionState, events: Iterable[Envelope]) -> SessionState:
         if envelope.seq != seq or envelope.session_id != session_id:
             raise _out_of_order(session_id, seq, envelope)
         event = envelope.event
-        kind = type(event)
-        if kind is ToolCalled:
+        if type(event) is ToolCalled:
             continue
-        if kind is ToolReturned:
+        if type(event) is ToolReturned:
             trip.answer(event)
             continue
-        if (kind is ModelResponded and trip.call(event)) or (
-            kind is ToolResultsReceived and trip.close(event)
+        if (type(event) is ModelResponded and trip.call(event)) or (
+            type(event) is ToolResultsReceived and trip.close(event)
         ):
             continue
-        rule = rules.get(kind)
+        rule = rules.get(type(event))
         if rule is not None:
             changed = rule(trip.put(seq - 1), event, envelope)
             history += changed.history

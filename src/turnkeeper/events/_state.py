@@ -507,7 +507,6 @@ class _Trip:
         "history",
         "in_poll",
         "last_response",
-        "last_unreadable",
         "pending",
         "polls",
         "prompt_tokens",
@@ -528,7 +527,6 @@ class _Trip:
         self.reply_calls = state.reply_calls
         self.prompt_tokens = 0
         self.completion_tokens = 0
-        self.last_unreadable = state.last_unreadable
         self.last_response: msgspec.Raw | None = None
         self.status = state.status
         self.in_poll = state.in_poll
@@ -556,7 +554,7 @@ class _Trip:
             episode_usage=Usage(
                 episode.prompt_tokens + prompt, episode.completion_tokens + completion
             ),
-            last_unreadable=self.last_unreadable
+            last_unreadable=state.last_unreadable
             if self.last_response is None
             else logged_unreadable(self.last_response),
             status=self.status,

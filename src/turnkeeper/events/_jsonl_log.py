@@ -14,7 +14,8 @@ import structlog
 
 from turnkeeper.events._errors import LogCorrupt, LogError, SeqError
 from turnkeeper.events._events import Envelope
-from turnkeeper.events._jsonl import TornTail, decode_jsonl, gc_paused
+from turnkeeper.events._gc import gc_paused
+from turnkeeper.events._jsonl import TornTail, decode_jsonl
 from turnkeeper.events._log import Batch, EventLog, SeqConflict
 from turnkeeper.events._memory_log import EventStore
 

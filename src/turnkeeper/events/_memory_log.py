@@ -9,7 +9,7 @@ from operator import attrgetter
 import anyio
 
 from turnkeeper.events._events import Envelope
-from turnkeeper.events._jsonl import gc_paused
+from turnkeeper.events._gc import gc_paused
 from turnkeeper.events._log import Batch, EventLog, SeqConflict
 
 _session_of = attrgetter("session_id")

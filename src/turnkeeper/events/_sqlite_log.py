@@ -17,7 +17,8 @@ import msgspec
 
 from turnkeeper.events._errors import LogCorrupt, LogError, SeqError
 from turnkeeper.events._events import Envelope
-from turnkeeper.events._jsonl import decode_envelope, decode_envelopes, gc_paused
+from turnkeeper.events._gc import gc_paused
+from turnkeeper.events._jsonl import decode_envelope, decode_envelopes
 from turnkeeper.events._log import Batch, EventLog
 from turnkeeper.events._sqlite_writer import Writer, last_seq, sqlite_error, transaction
 

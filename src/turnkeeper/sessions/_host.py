@@ -45,7 +45,7 @@ from turnkeeper.events import (
     collecting_events,
     replay,
 )
-from turnkeeper.events._jsonl import gc_paused
+from turnkeeper.events._gc import gc_paused
 from turnkeeper.events._log import EventLog
 from turnkeeper.events._memory_log import MemoryLog
 from turnkeeper.events._messages import text_of

@@ -20,6 +20,7 @@ from turnkeeper.events._events import Envelope
 from turnkeeper.events._gc import gc_paused
 from turnkeeper.events._jsonl import decode_envelope, decode_envelopes
 from turnkeeper.events._log import Batch, EventLog
+from turnkeeper.events._sqlite_checkpointer import WRITER_CHECKPOINT_PAGES, Checkpointer
 from turnkeeper.events._sqlite_writer import Writer, last_seq, sqlite_error, transaction
 
 _T = TypeVar("_T")
@@ -117,8 +118,12 @@ class SqliteLog(EventLog):
     has returned survives power loss, not only a crash of the process (with NORMAL,
     WAL commits since the last checkpoint can be lost); group commit pays for it.
 
+    Checkpoints (copying the WAL into the database file) run in a thread of their own,
+    beside the writer's commits rather than inside them (see `Checkpointer`).
+
     All database work runs in threads: writes on one connection in the writer's, reads
-    on a second in worker threads, so reads never see a transaction in progress. Reads
+    on a second in worker threads, so reads never see a transaction in progress, and
+    checkpoints on a third in the checkpointer's. Reads
     fetch pages of rows there, each as one row of aggregates, and decode them on the
     calling thread while the next page is fetched. Other processes may read the file
     while this one writes. Positions are the events' row ids, increasing in commit order
@@ -143,8 +148,8 @@ class SqliteLog(EventLog):
 
     async def _open(self) -> None:
         self._read_limiter = anyio.CapacityLimiter(1)
-        writer, self._reader = await anyio.to_thread.run_sync(_connect, self.path)
-        self._writer = Writer(writer, self.path)
+        writer, self._reader, checkpoints = await anyio.to_thread.run_sync(_connect, self.path)
+        self._writer = Writer(writer, self.path, Checkpointer(checkpoints, self.path))
 
     async def _close(self) -> None:
         await self._writer.close()
@@ -265,26 +270,29 @@ class SqliteLog(EventLog):
         return await anyio.to_thread.run_sync(guarded, limiter=self._read_limiter)
 
 
-def _connect(path: Path) -> tuple[sqlite3.Connection, sqlite3.Connection]:
-    """Open the writer and reader connections, making the schema if the file is new."""
+def _connect(path: Path) -> tuple[sqlite3.Connection, sqlite3.Connection, sqlite3.Connection]:
+    """Open the writer's, the reader's and the checkpointer's connections, making the
+    schema if the file is new."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise LogError(f"{path}: cannot make its directory: {exc}") from None
     connections: list[sqlite3.Connection] = []
     try:
-        for _ in range(2):
+        for _ in range(3):
             connection = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
             connections.append(connection)
             _configure(connection, path)
         _ensure_schema(connections[0], path)
+        # Checkpoints are the checkpointer's; the writer's own is a backstop.
+        connections[0].execute(f"PRAGMA wal_autocheckpoint = {WRITER_CHECKPOINT_PAGES}")
     except BaseException as exc:
         for connection in connections:
             connection.close()
         if isinstance(exc, sqlite3.Error):
             raise sqlite_error(path, exc) from None
         raise
-    return connections[0], connections[1]
+    return connections[0], connections[1], connections[2]
 
 
 def _configure(connection: sqlite3.Connection, path: Path) -> None:

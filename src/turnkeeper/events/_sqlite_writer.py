@@ -15,6 +15,7 @@ import anyio
 
 from turnkeeper.events._errors import LogCorrupt, LogError
 from turnkeeper.events._log import Batch, SeqConflict
+from turnkeeper.events._sqlite_checkpointer import Checkpointer
 
 _LAST_SEQ = "SELECT max(seq) FROM events WHERE session_id = ?"
 _WRITTEN = "SELECT session_id, seq FROM events WHERE pos > ? AND pos <= ?"
@@ -86,10 +87,13 @@ class Writer:
     so a conflict with another writer, even in another process, fails only that append.
     """
 
-    def __init__(self, connection: sqlite3.Connection, path: Path) -> None:
+    def __init__(
+        self, connection: sqlite3.Connection, path: Path, checkpointer: Checkpointer
+    ) -> None:
         self.path = path
         self.commits = 0
         self._connection = connection
+        self._checkpointer = checkpointer
         self._lock = threading.Lock()
         self._work = threading.Condition(self._lock)
         # Shared with the thread, under the lock: the round gathering appends, the rounds
@@ -139,9 +143,11 @@ class Writer:
             raise pending.error
 
     async def close(self) -> None:
-        """Wait for every append in flight, then stop the thread (which closes the connection)."""
+        """Wait for every append in flight, then stop the checkpointer and the thread
+        (which closes the connection)."""
         while self._unsettled:
             await self._wait(next(iter(self._unsettled)))
+        await anyio.to_thread.run_sync(self._checkpointer.close)
         with self._work:
             self._closing = True
             self._work.notify()
@@ -269,6 +275,7 @@ class Writer:
             return [LogCorrupt(str(exc)) for _ in batches]
         if written:
             self.commits += 1
+            self._checkpointer.note_commit()
         return outcomes
 
     def _too_long(self, batch: Batch) -> bool:

@@ -1,0 +1,82 @@
+"""The SQLite log's checkpointer: a thread that copies the WAL into the database file
+beside the writer, so that commits do not wait for it."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from pathlib import Path
+
+# The writer's own automatic checkpoint, in WAL pages: a backstop, ten times SQLite's
+# default (see `Checkpointer`).
+WRITER_CHECKPOINT_PAGES = 10_000
+# Seconds between two checkpoints while commits go on: each copies what the commits
+# since the one before wrote, and syncs the database file once.
+_PAUSE = 0.05
+
+
+class Checkpointer:
+    """Runs passive checkpoints on `connection`, in a thread of its own, once a commit
+    has been noted and at most every `_PAUSE` seconds.
+
+    SQLite checkpoints in the commit that takes the WAL past its threshold (1,000
+    pages): that commit, and every append gathering for the next, waits for the copy
+    and a sync of the database file. A Host's steady state fills 1,000 pages several
+    times a second (an append touches a page of the session index per session), so
+    that was most of its slow commits. A passive checkpoint on another connection
+    copies beside the writer and holds up no commit.
+
+    The WAL starts over only when a transaction begins with every frame copied, which
+    a checkpoint running beside a busy writer seldom leaves. So the writer keeps its own
+    automatic checkpoint, at `WRITER_CHECKPOINT_PAGES`: then the frames since the last
+    passive checkpoint are all it copies, and the WAL starts over.
+
+    A checkpoint that fails loses nothing (the frames stay in the WAL for the next),
+    and a failing disk fails the writer's commits too, which report it: the error is
+    dropped here.
+    """
+
+    def __init__(self, connection: sqlite3.Connection, path: Path) -> None:
+        self.checkpoints = 0
+        self._connection = connection
+        self._lock = threading.Lock()
+        self._work = threading.Condition(self._lock)
+        self._due = False
+        self._closing = False
+        self._thread = threading.Thread(
+            target=self._serve, name=f"turnkeeper SQLite checkpointer {path}", daemon=True
+        )
+        self._thread.start()
+
+    def note_commit(self) -> None:
+        """In the writer thread: a transaction has committed."""
+        with self._lock:
+            if not self._due:
+                self._due = True
+                self._work.notify()
+
+    def close(self) -> None:
+        """Stop the thread, which closes the connection (blocks until it has)."""
+        with self._lock:
+            self._closing = True
+            self._work.notify()
+        self._thread.join()
+
+    def _serve(self) -> None:
+        try:
+            while self._next():
+                try:
+                    self._connection.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                except sqlite3.Error:
+                    continue
+                self.checkpoints += 1
+        finally:
+            self._connection.close()
+
+    def _next(self) -> bool:
+        """Wait `_PAUSE` seconds, then for a commit; False once closing."""
+        with self._work:
+            self._work.wait_for(lambda: self._closing, timeout=_PAUSE)
+            self._work.wait_for(lambda: self._due or self._closing)
+            self._due = False
+            return not self._closing

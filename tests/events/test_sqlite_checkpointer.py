@@ -1,0 +1,141 @@
+"""The SQLite log's checkpointer: WAL pages copied beside the writer, failures dropped,
+the thread stopped on close."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from tests.events.test_logs import run
+from turnkeeper.events._sqlite_checkpointer import WRITER_CHECKPOINT_PAGES, Checkpointer
+from turnkeeper.events._sqlite_log import SqliteLog
+
+
+class Recording:
+    """Stands in for the checkpointer's connection: records each statement, fails the
+    ones the test says, and tells the test of each call."""
+
+    def __init__(self, failures: int = 0) -> None:
+        self.statements: list[str] = []
+        self.failures = failures
+        self.called = threading.Semaphore(0)
+        self.closed = False
+
+    def execute(self, sql: str) -> Recording:
+        self.statements.append(sql)
+        self.called.release()
+        if self.failures:
+            self.failures -= 1
+            raise sqlite3.OperationalError("disk I/O error")
+        return self
+
+    def fetchall(self) -> list[tuple[int, int, int]]:
+        return [(0, 0, 0)]
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def started(connection: Any, tmp_path: Path) -> Checkpointer:
+    return Checkpointer(connection, tmp_path / "log.sqlite")
+
+
+def test_no_commit_no_checkpoint(tmp_path: Path) -> None:
+    connection = Recording()
+    checkpointer = started(connection, tmp_path)
+    assert not connection.called.acquire(timeout=0.3)
+    checkpointer.close()
+    assert connection.statements == []
+    assert connection.closed
+
+
+def test_a_noted_commit_is_checkpointed_passively(tmp_path: Path) -> None:
+    connection = Recording()
+    checkpointer = started(connection, tmp_path)
+    checkpointer.note_commit()
+    assert connection.called.acquire(timeout=5)
+    checkpointer.close()
+    assert connection.statements == ["PRAGMA wal_checkpoint(PASSIVE)"]
+    assert checkpointer.checkpoints == 1
+
+
+def test_commits_noted_during_a_pause_make_one_checkpoint(tmp_path: Path) -> None:
+    connection = Recording()
+    checkpointer = started(connection, tmp_path)
+    for _ in range(100):
+        checkpointer.note_commit()
+    assert connection.called.acquire(timeout=5)
+    assert not connection.called.acquire(timeout=0.3)
+    checkpointer.close()
+    assert checkpointer.checkpoints == 1
+
+
+def test_a_failed_checkpoint_is_dropped_and_the_next_commit_checkpointed(
+    tmp_path: Path,
+) -> None:
+    connection = Recording(failures=1)
+    checkpointer = started(connection, tmp_path)
+    checkpointer.note_commit()
+    assert connection.called.acquire(timeout=5)
+    checkpointer.note_commit()
+    assert connection.called.acquire(timeout=5)
+    checkpointer.close()
+    assert len(connection.statements) == 2
+    assert checkpointer.checkpoints == 1
+
+
+def test_close_stops_the_thread_at_once_and_closes_the_connection(tmp_path: Path) -> None:
+    path = tmp_path / "log.sqlite"
+    connection = sqlite3.connect(path, check_same_thread=False)
+    checkpointer = Checkpointer(connection, path)
+    begun = time.monotonic()
+    checkpointer.close()
+    assert time.monotonic() - begun < 1
+    assert not any("checkpointer" in thread.name for thread in threading.enumerate())
+    with pytest.raises(sqlite3.ProgrammingError):
+        connection.execute("SELECT 1")
+
+
+def rows_in_database_file(path: Path) -> int | None:
+    """Rows of the events table in the database file alone, not its WAL (None if the
+    file does not read as it is, say mid-checkpoint)."""
+    try:
+        connection = sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True)
+        try:
+            (count,) = connection.execute("SELECT count(*) FROM events").fetchone()
+        finally:
+            connection.close()
+    except sqlite3.Error:
+        return None
+    return int(count)
+
+
+def rows_reach_database_file(path: Path, rows: int) -> bool:
+    """Whether the database file alone comes to hold `rows` events within 10 s."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if rows_in_database_file(path) == rows:
+            return True
+        time.sleep(0.02)
+    return False
+
+
+@pytest.mark.anyio
+async def test_committed_events_reach_the_database_file_while_the_log_is_open(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "log.sqlite"
+    async with SqliteLog(path) as log:
+        for index in range(50):
+            await log.append(run(f"s{index}", 1, 20), expected_seq=0)
+        assert await anyio.to_thread.run_sync(rows_reach_database_file, path, 1000)
+        assert log._writer._checkpointer.checkpoints >= 1
+        (pages,) = log._writer._connection.execute("PRAGMA wal_autocheckpoint").fetchone()
+        assert pages == WRITER_CHECKPOINT_PAGES
+    assert not any("checkpointer" in thread.name for thread in threading.enumerate())

@@ -97,7 +97,7 @@ def test_close_stops_the_thread_at_once_and_closes_the_connection(tmp_path: Path
     begun = time.monotonic()
     checkpointer.close()
     assert time.monotonic() - begun < 1
-    assert not any("checkpointer" in thread.name for thread in threading.enumerate())
+    assert not checkpointer._thread.is_alive()
     with pytest.raises(sqlite3.ProgrammingError):
         connection.execute("SELECT 1")
 
@@ -135,7 +135,8 @@ async def test_committed_events_reach_the_database_file_while_the_log_is_open(
         for index in range(50):
             await log.append(run(f"s{index}", 1, 20), expected_seq=0)
         assert await anyio.to_thread.run_sync(rows_reach_database_file, path, 1000)
-        assert log._writer._checkpointer.checkpoints >= 1
+        checkpointer = log._writer._checkpointer
+        assert checkpointer.checkpoints >= 1
         (pages,) = log._writer._connection.execute("PRAGMA wal_autocheckpoint").fetchone()
         assert pages == WRITER_CHECKPOINT_PAGES
-    assert not any("checkpointer" in thread.name for thread in threading.enumerate())
+    assert not checkpointer._thread.is_alive()

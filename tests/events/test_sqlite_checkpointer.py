@@ -43,16 +43,37 @@ class Recording:
 
 
 def started(connection: Any, tmp_path: Path) -> Checkpointer:
-    return Checkpointer(connection, tmp_path / "log.sqlite")
+    return Checkpointer(lambda: connection, tmp_path / "log.sqlite")
 
 
-def test_no_commit_no_checkpoint(tmp_path: Path) -> None:
+class Connects:
+    """Stands in for the checkpointer's `connect`: fails the first `failures` times,
+    then hands out `connection`."""
+
+    def __init__(self, connection: object, failures: int = 0) -> None:
+        self.connection = connection
+        self.failures = failures
+        self.calls = 0
+
+    def __call__(self) -> Any:
+        self.calls += 1
+        if self.failures:
+            self.failures -= 1
+            raise sqlite3.OperationalError("unable to open database file")
+        return self.connection
+
+
+def test_no_commit_no_thread_no_connection_and_no_checkpoint(tmp_path: Path) -> None:
     connection = Recording()
-    checkpointer = started(connection, tmp_path)
+    connects = Connects(connection)
+    checkpointer = Checkpointer(connects, tmp_path / "log.sqlite")
     assert not connection.called.acquire(timeout=0.3)
     checkpointer.close()
+    assert not checkpointer._thread.is_alive()
+    assert checkpointer._thread.ident is None
+    assert connects.calls == 0
     assert connection.statements == []
-    assert connection.closed
+    assert not connection.closed
 
 
 def test_a_noted_commit_is_checkpointed_passively(tmp_path: Path) -> None:
@@ -88,12 +109,34 @@ def test_a_failed_checkpoint_is_dropped_and_the_next_commit_checkpointed(
     checkpointer.close()
     assert len(connection.statements) == 2
     assert checkpointer.checkpoints == 1
+    assert connection.closed
+
+
+def test_a_connection_that_did_not_open_is_opened_at_the_next_commit(tmp_path: Path) -> None:
+    connection = Recording()
+    connects = Connects(connection, failures=1)
+    checkpointer = Checkpointer(connects, tmp_path / "log.sqlite")
+    checkpointer.note_commit()
+    assert not connection.called.acquire(timeout=0.3)
+    assert connects.calls == 1
+    checkpointer.note_commit()
+    assert connection.called.acquire(timeout=5)
+    checkpointer.close()
+    assert connects.calls == 2
+    assert checkpointer.checkpoints == 1
+    assert connection.closed
 
 
 def test_close_stops_the_thread_at_once_and_closes_the_connection(tmp_path: Path) -> None:
     path = tmp_path / "log.sqlite"
     connection = sqlite3.connect(path, check_same_thread=False)
-    checkpointer = Checkpointer(connection, path)
+    connection.execute("PRAGMA journal_mode = WAL")
+    checkpointer = Checkpointer(lambda: connection, path)
+    checkpointer.note_commit()
+    deadline = time.monotonic() + 5
+    while checkpointer.checkpoints == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert checkpointer.checkpoints == 1
     begun = time.monotonic()
     checkpointer.close()
     assert time.monotonic() - begun < 1

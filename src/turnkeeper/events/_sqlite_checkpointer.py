@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+from collections.abc import Callable
 from pathlib import Path
+
+from turnkeeper.events._errors import LogError
 
 # The writer's own automatic checkpoint, in WAL pages: a backstop, ten times SQLite's
 # default (see `Checkpointer`).
@@ -16,8 +19,10 @@ _PAUSE = 0.05
 
 
 class Checkpointer:
-    """Runs passive checkpoints on `connection`, in a thread of its own, once a commit
-    has been noted and at most every `_PAUSE` seconds.
+    """Runs passive checkpoints in a thread of its own, once a commit has been noted and
+    at most every `_PAUSE` seconds, on a connection it opens with `connect`. The thread
+    starts at the first commit noted, and opens the connection for its first
+    checkpoint: a log only read starts neither.
 
     SQLite checkpoints in the commit that takes the WAL past its threshold (1,000
     pages): that commit, and every append gathering for the next, waits for the copy
@@ -31,47 +36,56 @@ class Checkpointer:
     automatic checkpoint, at `WRITER_CHECKPOINT_PAGES`: then the frames since the last
     passive checkpoint are all it copies, and the WAL starts over.
 
-    A checkpoint that fails loses nothing (the frames stay in the WAL for the next),
-    and a failing disk fails the writer's commits too, which report it: the error is
-    dropped here.
+    A checkpoint that fails, or a connection that does not open, loses nothing (the
+    frames stay in the WAL for the next), and a failing disk fails the writer's commits
+    too, which report it: the error is dropped here.
     """
 
-    def __init__(self, connection: sqlite3.Connection, path: Path) -> None:
+    def __init__(self, connect: Callable[[], sqlite3.Connection], path: Path) -> None:
         self.checkpoints = 0
-        self._connection = connection
+        self._connect = connect
+        self._connection: sqlite3.Connection | None = None
         self._lock = threading.Lock()
         self._work = threading.Condition(self._lock)
         self._due = False
         self._closing = False
+        self._started = False
         self._thread = threading.Thread(
             target=self._serve, name=f"turnkeeper SQLite checkpointer {path}", daemon=True
         )
-        self._thread.start()
 
     def note_commit(self) -> None:
         """In the writer thread: a transaction has committed."""
         with self._lock:
+            if not self._started and not self._closing:
+                self._started = True
+                self._thread.start()
             if not self._due:
                 self._due = True
                 self._work.notify()
 
     def close(self) -> None:
-        """Stop the thread, which closes the connection (blocks until it has)."""
+        """Stop the thread, which closes its connection (blocks until it has); in the
+        thread that notes the commits."""
         with self._lock:
             self._closing = True
             self._work.notify()
-        self._thread.join()
+        if self._started:
+            self._thread.join()
 
     def _serve(self) -> None:
         try:
             while self._next():
                 try:
+                    if self._connection is None:
+                        self._connection = self._connect()
                     self._connection.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-                except sqlite3.Error:
+                except (sqlite3.Error, LogError):
                     continue
                 self.checkpoints += 1
         finally:
-            self._connection.close()
+            if self._connection is not None:
+                self._connection.close()
 
     def _next(self) -> bool:
         """Wait `_PAUSE` seconds, then for a commit; False once closing."""

@@ -123,7 +123,7 @@ class SqliteLog(EventLog):
 
     All database work runs in threads: writes on one connection in the writer's, reads
     on a second in worker threads, so reads never see a transaction in progress, and
-    checkpoints on a third in the checkpointer's. Reads
+    checkpoints on a third in the checkpointer's, opened at the first. Reads
     fetch pages of rows there, each as one row of aggregates, and decode them on the
     calling thread while the next page is fetched. Other processes may read the file
     while this one writes. Positions are the events' row ids, increasing in commit order
@@ -148,8 +148,9 @@ class SqliteLog(EventLog):
 
     async def _open(self) -> None:
         self._read_limiter = anyio.CapacityLimiter(1)
-        writer, self._reader, checkpoints = await anyio.to_thread.run_sync(_connect, self.path)
-        self._writer = Writer(writer, self.path, Checkpointer(checkpoints, self.path))
+        writer, self._reader = await anyio.to_thread.run_sync(_connect, self.path)
+        checkpointer = Checkpointer(partial(_connection, self.path), self.path)
+        self._writer = Writer(writer, self.path, checkpointer)
 
     async def _close(self) -> None:
         await self._writer.close()
@@ -270,19 +271,16 @@ class SqliteLog(EventLog):
         return await anyio.to_thread.run_sync(guarded, limiter=self._read_limiter)
 
 
-def _connect(path: Path) -> tuple[sqlite3.Connection, sqlite3.Connection, sqlite3.Connection]:
-    """Open the writer's, the reader's and the checkpointer's connections, making the
-    schema if the file is new."""
+def _connect(path: Path) -> tuple[sqlite3.Connection, sqlite3.Connection]:
+    """Open the writer and reader connections, making the schema if the file is new."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise LogError(f"{path}: cannot make its directory: {exc}") from None
     connections: list[sqlite3.Connection] = []
     try:
-        for _ in range(3):
-            connection = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-            connections.append(connection)
-            _configure(connection, path)
+        for _ in range(2):
+            connections.append(_connection(path))
         _ensure_schema(connections[0], path)
         # Checkpoints are the checkpointer's; the writer's own is a backstop.
         connections[0].execute(f"PRAGMA wal_autocheckpoint = {WRITER_CHECKPOINT_PAGES}")
@@ -292,7 +290,18 @@ def _connect(path: Path) -> tuple[sqlite3.Connection, sqlite3.Connection, sqlite
         if isinstance(exc, sqlite3.Error):
             raise sqlite_error(path, exc) from None
         raise
-    return connections[0], connections[1], connections[2]
+    return connections[0], connections[1]
+
+
+def _connection(path: Path) -> sqlite3.Connection:
+    """A connection to the file, configured (see `_configure`)."""
+    connection = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    try:
+        _configure(connection, path)
+    except BaseException:
+        connection.close()
+        raise
+    return connection
 
 
 def _configure(connection: sqlite3.Connection, path: Path) -> None:

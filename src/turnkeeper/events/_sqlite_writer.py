@@ -143,11 +143,10 @@ class Writer:
             raise pending.error
 
     async def close(self) -> None:
-        """Wait for every append in flight, then stop the checkpointer and the thread
-        (which closes the connection)."""
+        """Wait for every append in flight, then stop the thread (which stops the
+        checkpointer and closes the connection)."""
         while self._unsettled:
             await self._wait(next(iter(self._unsettled)))
-        await anyio.to_thread.run_sync(self._checkpointer.close)
         with self._work:
             self._closing = True
             self._work.notify()
@@ -223,6 +222,7 @@ class Writer:
         try:
             self._commit_rounds()
         finally:
+            self._checkpointer.close()
             self._connection.close()
 
     def _commit_rounds(self) -> None:

@@ -34,7 +34,9 @@ class Checkpointer:
     The WAL starts over only when a transaction begins with every frame copied, which
     a checkpoint running beside a busy writer seldom leaves. So the writer keeps its own
     automatic checkpoint, at `WRITER_CHECKPOINT_PAGES`: then the frames since the last
-    passive checkpoint are all it copies, and the WAL starts over.
+    passive checkpoint are all it copies, and the WAL starts over. Under sustained load
+    the WAL file therefore grows to that many pages (about 40 MB), and SQLite keeps the
+    file at that size to write over.
 
     A checkpoint that fails, or a connection that does not open, loses nothing (the
     frames stay in the WAL for the next), and a failing disk fails the writer's commits

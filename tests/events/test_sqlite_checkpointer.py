@@ -127,6 +127,26 @@ def test_a_connection_that_did_not_open_is_opened_at_the_next_commit(tmp_path: P
     assert connection.closed
 
 
+def test_a_thread_that_does_not_start_is_started_at_the_next_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    connection = Recording()
+    checkpointer = started(connection, tmp_path)
+    start = checkpointer._thread.start
+
+    def fails() -> None:
+        monkeypatch.setattr(checkpointer._thread, "start", start)
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(checkpointer._thread, "start", fails)
+    checkpointer.note_commit()
+    assert checkpointer._thread.ident is None
+    checkpointer.note_commit()
+    assert connection.called.acquire(timeout=5)
+    checkpointer.close()
+    assert checkpointer.checkpoints == 1
+
+
 def test_close_stops_the_thread_at_once_and_closes_the_connection(tmp_path: Path) -> None:
     path = tmp_path / "log.sqlite"
     connection = sqlite3.connect(path, check_same_thread=False)

@@ -60,8 +60,13 @@ class Checkpointer:
         """In the writer thread: a transaction has committed."""
         with self._lock:
             if not self._started and not self._closing:
+                try:
+                    self._thread.start()
+                except RuntimeError:
+                    # No thread to be had: the commit stands, and the writer's own
+                    # checkpoint is the backstop until a later commit starts one.
+                    return
                 self._started = True
-                self._thread.start()
             if not self._due:
                 self._due = True
                 self._work.notify()

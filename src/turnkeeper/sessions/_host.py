@@ -251,7 +251,9 @@ class Host:
         self.log = log if log is not None else MemoryLog()
         self._mcp = McpPool()
         self._owns_log = log is None
-        self._tools = tools
+        # The tools run here by name; None when one handler takes every call (or none).
+        # Found once: an ABC's isinstance check is slow, and it was made for every call.
+        self._tool_names = tools if isinstance(tools, Mapping) else None
         self._handler = as_handler(tools) if tools is not None else None
         self.guard = guard
         self.mailbox_size = mailbox_size
@@ -715,7 +717,7 @@ class Host:
             return True
         if self._handler is None:
             return False
-        return not isinstance(self._tools, Mapping) or use.name in self._tools
+        return self._tool_names is None or use.name in self._tool_names
 
     def _announce(
         self, session: _Session, state: SessionState, uses: Iterable[ToolUse]

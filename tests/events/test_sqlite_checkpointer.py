@@ -6,6 +6,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,16 @@ class Recording:
 
     def close(self) -> None:
         self.closed = True
+
+
+def eventually(condition: Callable[[], bool], seconds: float) -> bool:
+    """Whether `condition` comes true within `seconds`, looked at every 10 ms."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 def started(connection: Any, tmp_path: Path) -> Checkpointer:
@@ -153,10 +164,7 @@ def test_close_stops_the_thread_at_once_and_closes_the_connection(tmp_path: Path
     connection.execute("PRAGMA journal_mode = WAL")
     checkpointer = Checkpointer(lambda: connection, path)
     checkpointer.note_commit()
-    deadline = time.monotonic() + 5
-    while checkpointer.checkpoints == 0 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert checkpointer.checkpoints == 1
+    assert eventually(lambda: checkpointer.checkpoints == 1, 5)
     begun = time.monotonic()
     checkpointer.close()
     assert time.monotonic() - begun < 1
@@ -179,16 +187,6 @@ def rows_in_database_file(path: Path) -> int | None:
     return int(count)
 
 
-def rows_reach_database_file(path: Path, rows: int) -> bool:
-    """Whether the database file alone comes to hold `rows` events within 10 s."""
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        if rows_in_database_file(path) == rows:
-            return True
-        time.sleep(0.02)
-    return False
-
-
 @pytest.mark.anyio
 async def test_committed_events_reach_the_database_file_while_the_log_is_open(
     tmp_path: Path,
@@ -197,7 +195,9 @@ async def test_committed_events_reach_the_database_file_while_the_log_is_open(
     async with SqliteLog(path) as log:
         for index in range(50):
             await log.append(run(f"s{index}", 1, 20), expected_seq=0)
-        assert await anyio.to_thread.run_sync(rows_reach_database_file, path, 1000)
+        assert await anyio.to_thread.run_sync(
+            eventually, lambda: rows_in_database_file(path) == 1000, 10
+        )
         checkpointer = log._writer._checkpointer
         assert checkpointer.checkpoints >= 1
         (pages,) = log._writer._connection.execute("PRAGMA wal_autocheckpoint").fetchone()

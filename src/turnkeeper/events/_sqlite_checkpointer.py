@@ -51,7 +51,6 @@ class Checkpointer:
         self._work = threading.Condition(self._lock)
         self._due = False
         self._closing = False
-        self._started = False
         self._thread = threading.Thread(
             target=self._serve, name=f"turnkeeper SQLite checkpointer {path}", daemon=True
         )
@@ -59,14 +58,14 @@ class Checkpointer:
     def note_commit(self) -> None:
         """In the writer thread: a transaction has committed."""
         with self._lock:
-            if not self._started and not self._closing:
+            # A thread's ident is set once `start` has returned, and not if it failed.
+            if self._thread.ident is None and not self._closing:
                 try:
                     self._thread.start()
                 except RuntimeError:
                     # No thread to be had: the commit stands, and the writer's own
                     # checkpoint is the backstop until a later commit starts one.
                     return
-                self._started = True
             if not self._due:
                 self._due = True
                 self._work.notify()
@@ -77,7 +76,7 @@ class Checkpointer:
         with self._lock:
             self._closing = True
             self._work.notify()
-        if self._started:
+        if self._thread.ident is not None:
             self._thread.join()
 
     def _serve(self) -> None:

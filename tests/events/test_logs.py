@@ -19,6 +19,7 @@ from turnkeeper.events import (
     ChatRetried,
     Envelope,
     GuardConfig,
+    InputError,
     LogError,
     MessageReceived,
     ModelResponded,
@@ -26,6 +27,7 @@ from turnkeeper.events import (
     SessionOpened,
     ToolCalled,
     ToolReturned,
+    UnloggableEvent,
     Usage,
 )
 from turnkeeper.events._events import AnyEvent, ChatFailed
@@ -193,7 +195,7 @@ async def test_racing_appends_on_one_session_let_exactly_one_win(make_log: LogFa
         (
             [Envelope(session_id="a", seq=1, at=math.nan, event=MessageReceived(text="x"))],
             0,
-            LogError,
+            UnloggableEvent,
             "session a seq 1: event would not read back",
         ),
         (
@@ -206,49 +208,49 @@ async def test_racing_appends_on_one_session_let_exactly_one_win(make_log: LogFa
                 )
             ],
             0,
-            LogError,
+            UnloggableEvent,
             "session a seq 1: cannot encode event",
         ),
         (
             [Envelope(session_id="a", seq=1, at=1.0, event=MessageReceived(text="\ud800"))],
             0,
-            LogError,
+            UnloggableEvent,
             "session a seq 1: cannot encode event",
         ),
         (
             [envelope("a", 1), envelope("a", 2, at=math.inf)],
             0,
-            LogError,
+            UnloggableEvent,
             "session a seq 2: event would not read back: .*Expected `float`, got `null`",
         ),
         (
             [envelope("a", 1, at=-math.inf)],
             0,
-            LogError,
+            UnloggableEvent,
             "session a seq 1: event would not read back",
         ),
         (
             [envelope("a", 1, ChatRetried(attempt=1, delay=math.nan, error="HTTP 503"))],
             0,
-            LogError,
+            UnloggableEvent,
             r"session a seq 1: event would not read back: .*\$\.event\.delay",
         ),
         (
             [envelope("a", 1, MessageReceived(text=WRONG_TYPE))],
             0,
-            LogError,
+            UnloggableEvent,
             r"session a seq 1: event would not read back: .*Expected `str`, got `int`",
         ),
         (
             [Envelope(session_id="", seq=1, at=1.0, event=MessageReceived(text="x"))],
             0,
-            LogError,
+            UnloggableEvent,
             r"session  seq 1: event would not read back: .*length >= 1",
         ),
         (
             [Envelope(session_id="a", seq=WRONG_SEQ, at=1.0, event=MessageReceived(text="x"))],
             0,
-            LogError,
+            UnloggableEvent,
             r"session a seq 1.0: event would not read back: .*Expected `int`, got `float`",
         ),
         (
@@ -257,7 +259,7 @@ async def test_racing_appends_on_one_session_let_exactly_one_win(make_log: LogFa
                 envelope("a", 2, ToolCalled(tool_call_id="c", name="t", input=NO_DICT)),
             ],
             0,
-            LogError,
+            UnloggableEvent,
             r"session a seq 2: event would not read back: .*Expected `object`, got `array`",
         ),
     ],
@@ -271,8 +273,10 @@ async def test_invalid_batches_raise_a_clear_error_and_log_nothing(
     message: str,
 ) -> None:
     async with make_log() as log:
-        with pytest.raises(error, match=message):
+        with pytest.raises(error, match=message) as raised:
             await log.append(events, expected_seq=expected_seq)
+        # What the events hold is bad input; anything else is a misuse of the log.
+        assert isinstance(raised.value, InputError) == (error is UnloggableEvent)
         assert await log.sessions() == []
         assert await log.read_all() == []
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from typing import Any
 
 import anyio
@@ -43,6 +44,7 @@ from turnkeeper.tools._handlers import ToolContext
 
 pytestmark = pytest.mark.anyio
 
+NAN = math.nan
 ASK = ToolSpec("ask", "Ask a person.", {"type": "object", "properties": {"q": {"type": "string"}}})
 REMOTE_SPEC = AgentSpec(system_prompt="Ask when unsure.", tools=(*SPEC.tools, ASK))
 
@@ -299,7 +301,39 @@ async def test_a_stopped_host_takes_no_work() -> None:
         await host.send(session_id, "too late")
     with pytest.raises(HostStopped):
         await host.submit_tool_results(session_id, [])
+    with pytest.raises(HostStopped):
+        await host.cancel(session_id)
     assert len(await log.read(session_id)) == 3
+    with pytest.raises(RuntimeError, match="has run already; make a new Host"):
+        async with host:
+            pass
+
+
+async def test_result_of_a_session_a_stopped_host_left_mid_turn_raises() -> None:
+    log = MemoryLog()
+    gate = Gate(text_response("never sent"))
+    outcomes: list[BaseException] = []
+
+    async def wait_for(session_id: str) -> None:
+        try:
+            await host.result(session_id)
+        except HostStopped as exc:
+            outcomes.append(exc)
+
+    async with anyio.create_task_group() as waiters:
+        async with Host(chat=gate, log=log, stop_grace=0.01) as host:
+            session_id = await host.start(SPEC, "think")
+            await gate.entered.wait()
+            waiters.start_soon(wait_for, session_id)
+            await anyio.sleep(0.01)
+        # The waiter from before the stop hears of it, as does one after.
+        waiters.start_soon(wait_for, session_id)
+    assert len(outcomes) == 2
+    for exc in outcomes:
+        assert f"stopped before session {session_id} came to rest" in str(exc)
+    assert (await host.status(session_id)).status == "running"
+    async with Host(chat=ScriptedChat([text_response("done now")]), log=log) as again:
+        assert (await settle(again, session_id)).text == "done now"
 
 
 async def test_bad_arguments_are_input_errors() -> None:
@@ -310,6 +344,75 @@ async def test_bad_arguments_are_input_errors() -> None:
         await settle(host, session_id)
         with pytest.raises(InputError, match="text: expected a string, got int"):
             await host.send(session_id, 42)  # type: ignore[arg-type]
+        refused: dict[str, Any] = {
+            "spec: expected an AgentSpec, got dict": host.start({"tools": []}, "hi"),  # type: ignore[arg-type]
+            "prompt: expected a string or None, got int": host.start(SPEC, 7),  # type: ignore[arg-type]
+            "after: expected an integer >= 0, got -1": host.events(session_id, after=-1),
+            "after: expected an integer >= 0, got '2'": host.events(session_id, after="2"),  # type: ignore[arg-type]
+            "wait: expected a number of seconds, got nan": host.events(session_id, wait=NAN),
+            "wait: expected a number of seconds, got True": host.result(session_id, wait=True),
+            "cannot encode event": host.start(SPEC, "lone \ud800 surrogate"),
+        }
+        for named, call in refused.items():
+            with pytest.raises(InputError, match=named):
+                await call
+        assert await host.sessions() == [session_id]
+
+
+async def test_tool_results_are_checked_field_by_field_and_may_come_from_any_iterable() -> None:
+    log = MemoryLog()
+    chat = ScriptedChat([tool_response(("ask", {"q": "x"}, "a1")), text_response("ok")])
+    async with Host(chat=chat, log=log) as host:
+        session_id = await host.start(REMOTE_SPEC, "go")
+        assert (await settle(host, session_id)).status == "requires_action"
+        before = await log.read(session_id)
+        refused: dict[str, Any] = {
+            "results: expected a list of ToolResult, got NoneType": None,
+            "results: expected a list of ToolResult, got str": "a1",
+            r"results\[0\]: expected ToolResult": [{"tool_use_id": "a1", "text": "1"}],
+            r"results\[0\].tool_use_id: expected str, got 1": [ToolResult(1, "x")],  # type: ignore[arg-type]
+            r"results\[0\].text: expected str, got None": [ToolResult("a1", None)],  # type: ignore[arg-type]
+            r"results\[0\].is_error: expected bool, got 'yes'": [ToolResult("a1", "1", "yes")],  # type: ignore[arg-type]
+        }
+        for named, results in refused.items():
+            with pytest.raises(InputError, match=named):
+                await host.submit_tool_results(session_id, results)
+        assert await log.read(session_id) == before
+        await host.submit_tool_results(session_id, (r for r in [ToolResult("a1", "answer")]))  # type: ignore[arg-type]
+        assert (await settle(host, session_id)).text == "ok"
+        logged = [e.event for e in await log.read(session_id) if e.type == "local.tool_result"]
+        assert [(r.tool_call_id, r.text) for r in logged] == [("a1", "answer")]  # type: ignore[attr-defined]
+        await check_consistent(host, log, session_id)
+
+
+async def test_racing_cancels_log_one_cancel_and_a_racing_send_is_refused() -> None:
+    log = MemoryLog()
+    gate = Gate(text_response("too late"))
+    async with Host(chat=gate, log=log) as host:
+        busy = await host.start(SPEC, "think")
+        idle = await host.start(SPEC, None)
+        await gate.entered.wait()
+        refused: list[str] = []
+
+        async def send(session_id: str) -> None:
+            try:
+                await host.send(session_id, "more")
+            except InputError as exc:
+                refused.append(str(exc))
+
+        for session_id in (busy, idle):
+            async with anyio.create_task_group() as group:
+                for _ in range(3):
+                    group.start_soon(host.cancel, session_id)
+                group.start_soon(send, session_id)
+            logged = types(await log.read(session_id))
+            assert logged.count("local.cancelled") == 1
+            # The message was taken before the cancel, or refused after it.
+            assert logged[-1] == "local.cancelled"
+            await check_consistent(host, log, session_id)
+            with pytest.raises(InputError, match=f"{session_id} is cancelled; nothing to retry"):
+                await host.retry(session_id)
+        assert all(text.endswith("is cancelled and takes no messages") for text in refused)
 
 
 async def test_cancel_in_a_model_call_stops_the_session_for_good() -> None:

@@ -8,6 +8,7 @@ call answered once in history, and `replay(log)` equal to the host's live state.
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from collections import Counter
 from collections.abc import Sequence
@@ -313,6 +314,74 @@ async def test_a_crash_loop_while_running_tools_records_the_real_error() -> None
     events = await log.read(session_id)
     assert [e.type for e in events][-2:] == ["local.tool_call", "local.failed"]
     assert events[-1].event == Failed(error="OSError: cannot append local.tool_call")
+
+
+class Stray(BaseException):
+    """A BaseException of a backend's or handler's own, which stops nothing else."""
+
+
+async def cancelled_elsewhere() -> None:
+    """Raise what awaiting a future that other code cancelled raises: on asyncio, a
+    CancelledError while nothing cancelled this task; on trio, which has no such thing,
+    a BaseException of the caller's own."""
+    if anyio.get_cancelled_exc_class() is asyncio.CancelledError:
+        future = asyncio.get_running_loop().create_future()
+        future.cancel()
+        await future
+    raise Stray("a future of another task was cancelled")
+
+
+async def test_a_stray_cancellation_fails_one_call_and_touches_no_sibling() -> None:
+    log = MemoryLog()
+    model = stepper()
+    strays = {"chat": 0, "tool": 0}
+
+    async def chat(request: dict[str, Any]) -> dict[str, Any]:
+        if progress(request["messages"])[2].endswith("chat") and not strays["chat"]:
+            strays["chat"] += 1
+            await cancelled_elsewhere()
+        return await model(request)
+
+    async def handler(name: str, args: dict[str, Any], ctx: ToolContext) -> str:
+        if ctx.session_id == "tool" and not strays["tool"]:
+            strays["tool"] += 1
+            await cancelled_elsewhere()
+        return step_text(args["n"])
+
+    async with Host(chat=chat, log=log, tools=handler, restart_backoff=0.001) as host:
+        for name in ("chat", "tool", "sibling"):
+            await host.start(SPEC, prompt_for(2, name), session_id=name)
+        for name in ("chat", "tool", "sibling"):
+            info = await settle(host, name)
+            assert (info.status, info.text) == ("idle", answer_for(2))
+        # The model call's is a crash of its session, restarted from the log; the tool
+        # call's is that call's error result, which the model sees.
+        assert host.counters["session_crashes"] == 1
+        assert host.counters["tool_errors"] == 1
+        await check_host(host, log)
+    assert strays == {"chat": 1, "tool": 1}
+    results = [e.event for e in await log.read("tool") if e.type == "local.tool_result"]
+    assert results[0].is_error  # type: ignore[attr-defined]
+    assert results[0].text.startswith(("CancelledError", "Stray: a future"))  # type: ignore[attr-defined]
+
+
+async def test_stop_ends_a_session_waiting_out_its_restart_backoff_at_once() -> None:
+    log = MemoryLog()
+    crashed = anyio.Event()
+
+    async def chat(request: dict[str, Any]) -> dict[str, Any]:
+        crashed.set()
+        raise RuntimeError("model down")
+
+    async with Host(chat=chat, log=log, restart_backoff=60) as host:
+        session_id = await host.start(SPEC, prompt_for(1))
+        await crashed.wait()
+        await anyio.sleep(0.01)
+        assert host._sessions[session_id].backing_off
+        with anyio.fail_after(5):
+            await host.stop()
+        await check_host(host, log)
+    assert [e.type for e in await log.read(session_id)][-1] == "local.user_message"
 
 
 async def test_crashes_spread_wider_than_the_restart_window_never_fail_a_session() -> None:

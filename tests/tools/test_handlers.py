@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -313,6 +314,65 @@ async def test_raising_handler_becomes_an_error_result_with_type_and_message() -
 
     result = await run_one(handler)
     assert result == ToolResult("call_1", "KeyError: 'no station in Oslo'", is_error=True)
+
+
+class Stray(BaseException):
+    """A BaseException of a handler's own, which stops nothing but its call."""
+
+
+async def cancelled_elsewhere() -> None:
+    """Raise what awaiting a future that other code cancelled raises: on asyncio, a
+    CancelledError while nothing cancelled this task; on trio, which has no such thing,
+    a BaseException of the handler's own."""
+    if anyio.get_cancelled_exc_class() is asyncio.CancelledError:
+        future = asyncio.get_running_loop().create_future()
+        future.cancel()
+        await future
+    raise Stray("a future of another task was cancelled")
+
+
+@pytest.mark.anyio
+async def test_a_stray_base_exception_is_an_error_result() -> None:
+    async def handler(name: str, args: dict[str, Any], ctx: ToolContext) -> str:
+        await cancelled_elsewhere()
+        return "never"
+
+    for timeout in (None, 60.0):
+        result = await run_one(handler, timeout=timeout)
+        assert result.is_error
+        assert result.text.startswith(("CancelledError", "Stray: a future"))
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, SystemExit])
+async def test_what_stops_the_process_is_not_an_error_result(stop: type[BaseException]) -> None:
+    async def handler(name: str, args: dict[str, Any], ctx: ToolContext) -> str:
+        raise stop()
+
+    with pytest.raises(stop):
+        await run_one(handler)
+
+
+@pytest.mark.anyio
+async def test_a_cancellation_of_the_caller_goes_through() -> None:
+    started = anyio.Event()
+
+    async def handler(name: str, args: dict[str, Any], ctx: ToolContext) -> str:
+        started.set()
+        await anyio.sleep_forever()
+        return "never"
+
+    results: list[ToolResult] = []
+    async with anyio.create_task_group() as group:
+
+        async def call() -> None:
+            results.append(await run_one(handler))
+
+        group.start_soon(call)
+        await started.wait()
+        group.cancel_scope.cancel()
+    assert results == []
+    assert group.cancel_scope.cancelled_caught
 
 
 @pytest.mark.anyio

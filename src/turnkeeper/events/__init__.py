@@ -8,6 +8,7 @@ from turnkeeper.events._errors import (
     ReplayError,
     SeqError,
     TurnkeeperError,
+    UnloggableEvent,
 )
 from turnkeeper.events._events import (
     AnyEvent,
@@ -124,6 +125,7 @@ __all__ = [
     "ToolUse",
     "TornTail",
     "TurnkeeperError",
+    "UnloggableEvent",
     "Usage",
     "apply_event",
     "check_sequence",

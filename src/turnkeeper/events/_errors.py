@@ -46,6 +46,12 @@ class LogError(TurnkeeperError):
     """An event log cannot be read or written as asked."""
 
 
+class UnloggableEvent(LogError, InputError):
+    """An event cannot be logged as it is: it does not encode (a lone surrogate in a
+    text, say) or would not read back as itself (a NaN time, a field of the wrong type).
+    Bad input, not a failing log: the log holds nothing of the append."""
+
+
 class LogCorrupt(LogError):
     """Bytes in a log are not a valid event envelope."""
 

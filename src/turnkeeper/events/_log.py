@@ -9,7 +9,7 @@ from typing import Literal, Self
 import anyio
 import msgspec
 
-from turnkeeper.events._errors import LogCorrupt, LogError, SeqError
+from turnkeeper.events._errors import LogCorrupt, LogError, SeqError, UnloggableEvent
 from turnkeeper.events._events import Envelope
 from turnkeeper.events._jsonl import decode_envelope, decode_envelopes, encode_envelope
 
@@ -69,7 +69,7 @@ def check_batch(events: Sequence[Envelope], expected_seq: int) -> Batch:
         try:
             lines.append(encode_envelope(envelope))
         except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as exc:
-            raise LogError(
+            raise UnloggableEvent(
                 f"session {session_id} seq {envelope.seq}: cannot encode event: {exc}"
             ) from None
     # The read-back check is a real decode: besides NaN and infinite floats (written as
@@ -84,7 +84,7 @@ def check_batch(events: Sequence[Envelope], expected_seq: int) -> Batch:
             try:
                 decode_envelope(line)
             except LogCorrupt as exc:
-                raise LogError(
+                raise UnloggableEvent(
                     f"session {session_id} seq {envelope.seq}: event would not read back: {exc}"
                 ) from None
         raise

@@ -10,6 +10,7 @@ with side effects dedupe).
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager, AsyncExitStack, nullcontext
@@ -70,6 +71,7 @@ from turnkeeper.tools._handlers import (
     as_handler,
     check_call,
     coerce_call,
+    handled_as_error,
     run_each,
     run_tool,
 )
@@ -167,6 +169,7 @@ class _Session:
         self.scope: anyio.CancelScope | None = None
         self.appending = False
         self.ending = False
+        self.backing_off = False
         self.running = False
         self.errored = errored
         self.error: str | None = None
@@ -276,6 +279,9 @@ class Host:
         self._stopping = False
 
     async def __aenter__(self) -> Self:
+        if self._stack is not None:
+            # Its sessions, slots and flags are the last run's: a Host runs once.
+            raise RuntimeError("this Host has run already; make a new Host to run again")
         stack = AsyncExitStack()
         await stack.__aenter__()
         try:
@@ -317,6 +323,10 @@ class Host:
     ) -> str:
         """Open a session and start on `prompt`; returns its id once both are logged."""
         self._check_accepting()
+        if not isinstance(spec, AgentSpec):
+            raise InputError(f"spec: expected an AgentSpec, got {type(spec).__name__}")
+        if prompt is not None and not isinstance(prompt, str):
+            raise InputError(f"prompt: expected a string or None, got {type(prompt).__name__}")
         mcp = await self._mcp.open(spec) if spec.mcp_servers else None
         state = open_session(
             mcp.spec if mcp is not None else spec,
@@ -356,18 +366,19 @@ class Host:
         if not isinstance(text, str):
             raise InputError(f"text: expected a string, got {type(text).__name__}")
         session = await self._load(session_id)
-        status = self._status(session)
-        if status in ("failed", "cancelled"):
-            raise InputError(f"session {session_id} is {status} and takes no messages")
-        if status == "requires_action":
-            ids = ", ".join(use.id for use in self._outstanding(session))
-            raise InputError(
-                f"session {session_id} is waiting for the results of tool calls {ids}; "
-                "submit them first"
-            )
         # Logged before the sender hears back, so an accepted message survives a crash: as
-        # the next request when the session is at rest, else queued behind its work.
+        # the next request when the session is at rest, else queued behind its work. Its
+        # status is looked at under the lock: a cancel may have been logged meanwhile.
         async with session.lock:
+            status = self._status(session)
+            if status in ("failed", "cancelled"):
+                raise InputError(f"session {session_id} is {status} and takes no messages")
+            if status == "requires_action":
+                ids = ", ".join(use.id for use in self._outstanding(session))
+                raise InputError(
+                    f"session {session_id} is waiting for the results of tool calls {ids}; "
+                    "submit them first"
+                )
             state = session.state
             if (
                 not session.running
@@ -397,10 +408,10 @@ class Host:
             outstanding = [use.id for use in self._outstanding(session)]
             if not outstanding:
                 raise InputError(f"session {session_id} is not waiting for tool results")
-            check_results(session_id, outstanding, results)
+            checked = check_results(session_id, outstanding, results)
             events = [
                 ToolReturned(tool_call_id=r.tool_use_id, text=r.text, is_error=r.is_error)
-                for r in results
+                for r in checked.values()
             ]
             await self._commit_events(session, events, own=False)
         self._wake(session)
@@ -409,12 +420,16 @@ class Host:
         """Try the model call of an errored session again."""
         self._check_accepting()
         session = await self._load(session_id)
+        if session.state.status in ("failed", "cancelled"):
+            raise InputError(f"session {session_id} is {session.state.status}; nothing to retry")
         session.errored = False
         self._note(session)
         self._wake(session)
 
     async def cancel(self, session_id: str, reason: str = "cancelled by request") -> None:
-        """Stop the session's work now and mark it cancelled (logged)."""
+        """Stop the session's work now and mark it cancelled (logged once, however many
+        cancels race)."""
+        self._check_accepting()
         session = await self._load(session_id)
         if session.state.status in ("cancelled", "failed"):
             return
@@ -422,8 +437,8 @@ class Host:
         if session.running and session.scope is not None:
             self._end_task(session)
             await session.done.wait()
-        if session.state.status not in ("cancelled", "failed"):
-            async with session.lock:
+        async with session.lock:
+            if session.state.status not in ("cancelled", "failed"):
                 await self._commit_events(session, [Cancelled(reason=reason)], own=False)
 
     async def status(self, session_id: str) -> SessionInfo:
@@ -431,10 +446,19 @@ class Host:
         return self._info(await self._load(session_id))
 
     async def result(self, session_id: str, *, wait: float | None = None) -> SessionInfo:
-        """The session once it is at rest (not running), or as it is after `wait` seconds."""
+        """The session once it is at rest (not running), or as it is after `wait` seconds.
+        Raises HostStopped if the host stopped with the session mid-turn: it comes to rest
+        only in a host started later on the same log."""
+        if wait is not None:
+            _check_seconds("wait", wait)
         session = await self._load(session_id)
         with anyio.move_on_after(wait):
             while self._status(session) == "running":
+                if self._stopping and not session.running:
+                    raise HostStopped(
+                        f"the host stopped before session {session_id} came to rest; a host "
+                        "started on the same log goes on with it"
+                    )
                 if session.rested is None:
                     session.rested = anyio.Event()
                 await session.rested.wait()
@@ -443,6 +467,9 @@ class Host:
     async def events(self, session_id: str, *, after: int = 0, wait: float = 0.0) -> list[Envelope]:
         """The session's events after seq `after`; if there are none yet, wait up to
         `wait` seconds for one (long-poll)."""
+        if isinstance(after, bool) or not isinstance(after, int) or after < 0:
+            raise InputError(f"after: expected an integer >= 0, got {after!r}")
+        _check_seconds("wait", wait)
         session = await self._load(session_id)
         deadline = anyio.current_time() + max(wait, 0.0)
         while True:
@@ -466,6 +493,9 @@ class Host:
         self._accepting = False
         self._stopping = True
         limit = self.stop_grace if grace is None else grace
+        for session in self._sessions.values():
+            if session.backing_off:
+                self._end_task(session)
         try:
             with anyio.move_on_after(limit):
                 for session in list(self._sessions.values()):
@@ -573,7 +603,11 @@ class Host:
             while True:
                 try:
                     await self._act(session)
-                except Exception as exc:
+                except BaseException as exc:
+                    # A stray cancellation (see `handled_as_error`) is a crash of this
+                    # session: left to go on, it would end the host's task group.
+                    if not handled_as_error(exc):
+                        raise
                     if self._stopping or session.cancelling:
                         return
                     now = anyio.current_time()
@@ -589,7 +623,12 @@ class Host:
                     delay = min(
                         self.max_backoff, self.restart_backoff * 2 ** (len(session.crashes) - 1)
                     )
-                    await anyio.sleep(delay)
+                    # `stop` ends a session waiting here at once: it is at a turn boundary.
+                    session.backing_off = True
+                    try:
+                        await anyio.sleep(delay)
+                    finally:
+                        session.backing_off = False
                     try:
                         rebuilt = await self._read(session_id)
                     except (TurnkeeperError, OSError) as exc:
@@ -917,7 +956,9 @@ class Host:
                     seq=session.state.seq,
                 )
             session.status = status
-        if status != "running" and session.rested is not None:
+        if session.rested is not None and (
+            status != "running" or (self._stopping and not session.running)
+        ):
             session.rested.set()
             session.rested = None
 
@@ -1008,6 +1049,12 @@ class Host:
 
 def _taken(session_id: str) -> InputError:
     return InputError(f"session_id: {session_id} already exists")
+
+
+def _check_seconds(name: str, value: object) -> None:
+    """Raise InputError unless `value` is a number of seconds (any, but not NaN)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
+        raise InputError(f"{name}: expected a number of seconds, got {value!r}")
 
 
 def _describe(exc: BaseException) -> str:

@@ -139,6 +139,9 @@ def _match_results(state: SessionState, resume: Resume) -> tuple[tuple[ToolUse, 
     return tuple((use, by_id[use.id]) for use in pending)
 
 
+_RESULT_FIELDS = (("tool_use_id", str), ("text", str), ("is_error", bool))
+
+
 def check_results(
     session_id: str, expected: Sequence[str], results: Iterable[object]
 ) -> dict[str, ToolResult]:
@@ -147,9 +150,17 @@ def check_results(
     by_id: dict[str, ToolResult] = {}
     repeated: list[str] = []
     unknown: list[str] = []
-    for result in results:
-        if not isinstance(result, ToolResult) or not isinstance(result.text, str):
-            raise InputError(f"results: expected ToolResult with text, got {result!r:.80}")
+    if isinstance(results, str | bytes | dict) or not isinstance(results, Iterable):
+        raise InputError(f"results: expected a list of ToolResult, got {type(results).__name__}")
+    for index, result in enumerate(results):
+        if not isinstance(result, ToolResult):
+            raise InputError(f"results[{index}]: expected ToolResult, got {result!r:.80}")
+        for field, kind in _RESULT_FIELDS:
+            if not isinstance(getattr(result, field), kind):
+                raise InputError(
+                    f"results[{index}].{field}: expected {kind.__name__}, "
+                    f"got {getattr(result, field)!r:.80}"
+                )
         if result.tool_use_id in by_id:
             repeated.append(result.tool_use_id)
         elif result.tool_use_id not in expected:

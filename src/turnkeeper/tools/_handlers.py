@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
@@ -82,6 +83,19 @@ def as_text(value: Any) -> str:
     return _json.encode(value).decode()
 
 
+def handled_as_error(exc: BaseException) -> bool:
+    """Whether `exc`, raised by a handler or backend, stands for a failure of that call
+    alone: any Exception, and a BaseException that does not stop this task or the process.
+    On asyncio, a CancelledError can come from a future that other code cancelled, while
+    nothing cancelled this task: it is such a failure. A cancellation of this task (one of
+    its scopes is cancelled), KeyboardInterrupt, SystemExit and GeneratorExit are not."""
+    if isinstance(exc, Exception):
+        return True
+    if isinstance(exc, KeyboardInterrupt | SystemExit | GeneratorExit):
+        return False
+    return anyio.current_effective_deadline() != -math.inf
+
+
 async def _call(handler: ToolHandler, use: ToolUse, ctx: ToolContext) -> Any:
     value = handler(use.name, use.input, ctx)
     return await value if inspect.isawaitable(value) else value
@@ -107,7 +121,9 @@ async def run_tool(
                 return ToolResult(
                     use.id, f"{use.name} timed out after {timeout:g} s", is_error=True
                 )
-    except Exception as exc:
+    except BaseException as exc:
+        if not handled_as_error(exc):
+            raise
         return ToolResult(use.id, f"{type(exc).__name__}: {exc}", is_error=True)
     try:
         return ToolResult(use.id, as_text(value))

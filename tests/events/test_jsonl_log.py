@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import gc
 import itertools
+import os
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -14,6 +17,7 @@ from hypothesis import strategies as st
 
 from tests.events.test_logs import envelope, run
 from turnkeeper.events import Envelope, LogCorrupt, LogError, SeqError, decode_jsonl, encode_jsonl
+from turnkeeper.events import _jsonl_log as jsonl_log
 from turnkeeper.events._jsonl_log import JsonlLog
 
 
@@ -87,6 +91,39 @@ async def test_bytes_left_by_a_failed_append_are_cut_before_the_next_one(tmp_pat
             file.write(b'{"session_id":"s1","seq":3,')
         await log.append([envelope("s1", 3)], expected_seq=2)
     assert (tmp_path / "s1.jsonl").read_bytes() == encode_jsonl(run("s1", 1, 3))
+
+
+class DiskFillsUp:
+    """`os` for the JSONL log, whose disk takes `room` more bytes, then is full."""
+
+    def __init__(self, room: int) -> None:
+        self.room = room
+
+    def write(self, fd: int, data: memoryview) -> int:
+        if not self.room:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        taken = min(self.room, len(data))
+        self.room -= taken
+        return os.write(fd, data[:taken])
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(os, name)
+
+
+@pytest.mark.anyio
+async def test_an_append_the_disk_cuts_short_leaves_nothing_to_read_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with JsonlLog(tmp_path) as log:
+        await log.append(run("s1", 1, 2), expected_seq=0)
+        monkeypatch.setattr(jsonl_log, "os", DiskFillsUp(room=len(encode_jsonl(run("s1", 3, 2)))))
+        with pytest.raises(LogError, match=r"cannot append: .*No space left on device"):
+            await log.append(run("s1", 3, 3), expected_seq=2)
+        monkeypatch.undo()
+        assert await log.last_seq("s1") == 2
+    assert (tmp_path / "s1.jsonl").read_bytes() == encode_jsonl(run("s1", 1, 2))
+    async with JsonlLog(tmp_path) as log:
+        assert await log.read("s1") == run("s1", 1, 2)
 
 
 @pytest.mark.anyio

@@ -190,6 +190,7 @@ async def test_racing_appends_on_one_session_let_exactly_one_win(make_log: LogFa
         ([envelope("a", 1), envelope("a", 1)], 0, SeqError, r"session a: seq 1 .*expected seq 2"),
         ([envelope("a", 1)], -1, LogError, "expected_seq must be an int >= 0"),
         ([envelope("a", 1)], True, LogError, "expected_seq must be an int >= 0"),
+        ([envelope("a", 2**63)], 2**63 - 1, LogError, "numbers events past 2..63 - 1"),
         (["not an envelope"], 0, LogError, "must be Envelope instances, got str"),
         ("a string", 0, LogError, "must be a sequence of Envelope, got str"),
         (
@@ -362,13 +363,16 @@ async def test_read_after_and_limit(make_log: LogFactory) -> None:
 @pytest.mark.parametrize(
     ("call", "message"),
     [
-        (lambda log: log.read("s1", after=-1), "after must be an int >= 0"),
-        (lambda log: log.read("s1", limit=-2), "limit must be None or an int >= 0"),
-        (lambda log: log.read("s1", after=1.5), "after must be an int >= 0"),
+        (lambda log: log.read("s1", after=-1), "after must be an int from 0 to 2..63 - 1"),
+        (lambda log: log.read("s1", limit=-2), "limit must be None or an int from 0 to"),
+        (lambda log: log.read("s1", after=1.5), "after must be an int from 0"),
+        (lambda log: log.read("s1", after=2**63), "after must be an int from 0"),
+        (lambda log: log.read("s1", limit=2**64), "limit must be None or an int from 0"),
         (lambda log: log.read(""), "session_id must be a non-empty string"),
         (lambda log: log.read(7), "session_id must be a non-empty string"),
         (lambda log: log.last_seq(None), "session_id must be"),
-        (lambda log: log.read_all(after=-1), "after must be an int >= 0"),
+        (lambda log: log.read_all(after=-1), "after must be an int from 0"),
+        (lambda log: log.read_all(after=2**63), "after must be an int from 0"),
         (lambda log: log.read_all(limit="3"), "limit must be None"),
     ],
 )
@@ -379,6 +383,38 @@ async def test_bad_read_arguments_raise_log_error(
     async with make_log() as log:
         with pytest.raises(LogError, match=message):
             await call(log)
+
+
+@pytest.mark.anyio
+async def test_a_task_polling_reads_lets_other_tasks_and_its_timeout_run(
+    make_log: LogFactory,
+) -> None:
+    async with make_log() as log:
+        await log.append(run("s1", 1, 2), expected_seq=0)
+        ticks = 0
+
+        async def tick() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await anyio.lowlevel.checkpoint()
+
+        for read in (
+            lambda: log.read("s1"),
+            lambda: log.read_all(),
+            lambda: log.last_seq("s1"),
+            lambda: log.sessions(),
+        ):
+            ticks = 0
+            async with anyio.create_task_group() as group:
+                group.start_soon(tick)
+                with anyio.move_on_after(0.05) as scope:
+                    # Bounded, so that reads that never yield fail the test, not hang it.
+                    for _ in range(100_000):
+                        await read()
+                group.cancel_scope.cancel()
+            assert scope.cancelled_caught
+            assert ticks > 1
 
 
 @pytest.mark.anyio

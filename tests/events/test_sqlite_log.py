@@ -23,6 +23,7 @@ from tests.events.test_logs import envelope, run
 from turnkeeper.events import Envelope, LogCorrupt, LogError, SeqError
 from turnkeeper.events import _sqlite_log as sqlite_log
 from turnkeeper.events._events import MessageReceived
+from turnkeeper.events._jsonl import encode_envelope
 from turnkeeper.events._log import Batch, SeqConflict
 from turnkeeper.events._sqlite_log import SqliteLog
 
@@ -590,6 +591,46 @@ async def test_appends_during_a_commit_share_the_next_round_and_conflict_in_it(
 
 
 @pytest.mark.anyio
+async def test_a_damaged_session_fails_only_its_own_append_in_a_round(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "log.db"
+    async with SqliteLog(path) as log:
+        for session_id in ("bad", "s1", "s2", "s3"):
+            await log.append(run(session_id, 1, 1), expected_seq=0)
+    execute(path, "UPDATE events SET seq = 'one' WHERE session_id = 'bad'")
+    outcomes: dict[str, str] = {}
+
+    async def append(log: SqliteLog, session_id: str, expected: int) -> None:
+        try:
+            await log.append(run(session_id, expected + 1, 1), expected_seq=expected)
+            outcomes[session_id] = "ok"
+        except LogError as exc:
+            outcomes[session_id] = f"{type(exc).__name__}: {exc}"
+
+    async with SqliteLog(path) as log:
+        held = HeldCommits(log._writer._commit)
+        monkeypatch.setattr(log._writer, "_commit", held)
+        async with anyio.create_task_group() as group:
+            group.start_soon(append, log, "new", 0)
+            await held.wait_entered()
+            for session_id in ("s1", "bad", "s2", "s3"):
+                group.start_soon(append, log, session_id, 1)
+            await anyio.wait_all_tasks_blocked()
+            held.release.set()
+        assert [sorted(names) for names in held.rounds] == [
+            ["new@0"],
+            ["bad@1", "s1@1", "s2@1", "s3@1"],
+        ]
+        assert (
+            outcomes.pop("bad") == f"LogCorrupt: {path}: session bad: seq 'one' is not an integer"
+        )
+        assert set(outcomes.values()) == {"ok"}
+        for session_id in ("s1", "s2", "s3"):
+            assert await log.read(session_id) == run(session_id, 1, 2)
+
+
+@pytest.mark.anyio
 async def test_a_cancelled_append_is_written_once_taken_and_not_before(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -602,7 +643,8 @@ async def test_a_cancelled_append_is_written_once_taken_and_not_before(
             await log.append(run(session_id, 1, 2), expected_seq=0)
             outcomes[session_id] = "ok"
         if scope.cancelled_caught:
-            outcomes[session_id] = "cancelled"
+            # As the cancellation is raised, the log says whether the append was written.
+            outcomes[session_id] = f"cancelled at seq {await log.last_seq(session_id)}"
 
     async with SqliteLog(tmp_path / "log.db") as log:
         held = HeldCommits(log._writer._commit)
@@ -619,12 +661,37 @@ async def test_a_cancelled_append_is_written_once_taken_and_not_before(
             await anyio.wait_all_tasks_blocked()
             held.release.set()
         assert held.rounds == [["a@0"], ["c@0"]]
-        assert outcomes == {"a": "cancelled", "b": "cancelled", "c": "ok"}
+        assert outcomes == {"a": "cancelled at seq 2", "b": "cancelled at seq 0", "c": "ok"}
         # Cancelled once its round had been taken, an append is written; before, it is not.
         for session_id in ("a", "c"):
             assert await log.read(session_id) == run(session_id, 1, 2)
         assert await log.last_seq("b") == 0
         await log.append(run("b", 1, 2), expected_seq=0)
+
+
+@pytest.mark.anyio
+async def test_every_close_returns_once_the_appends_in_flight_are_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    closed: list[str] = []
+
+    async def close(log: SqliteLog, name: str) -> None:
+        await log.close()
+        closed.append(f"{name} at seq {await SqliteLog(log.path).last_seq('a')}")
+
+    log = SqliteLog(tmp_path / "log.db")
+    async with anyio.create_task_group() as group:
+        await log.append(run("a", 1, 1), expected_seq=0)
+        held = HeldCommits(log._writer._commit)
+        monkeypatch.setattr(log._writer, "_commit", held)
+        group.start_soon(partial(log.append, run("a", 2, 2), expected_seq=1))
+        await held.wait_entered()
+        group.start_soon(close, log, "first")
+        group.start_soon(close, log, "second")
+        await anyio.wait_all_tasks_blocked()
+        assert closed == []
+        held.release.set()
+    assert sorted(closed) == ["first at seq 3", "second at seq 3"]
 
 
 @pytest.mark.anyio
@@ -712,6 +779,23 @@ async def test_a_column_not_of_its_type_is_fetched_row_by_row_and_named(
             await log.read_all()
         assert row_by_row(ran)
         assert [e for _, e in await log.read_all(limit=1)] == run("s1", 1, 1)
+
+
+@pytest.mark.anyio
+async def test_a_page_longer_than_sqlites_longest_value_is_fetched_row_by_row(
+    tmp_path: Path,
+) -> None:
+    async with SqliteLog(tmp_path / "log.db") as log:
+        events = run("s1", 1, 20)
+        await log.append(events, expected_seq=0)
+        # Each body fits; the page's bodies joined do not (as 4,096 bodies of 250 KB
+        # would not fit SQLite's default gigabyte).
+        longest = max(len(encode_envelope(e)) for e in events)
+        log._reader.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, longest * 3)
+        ran = statements(log)
+        assert await log.read("s1") == events
+        assert [e for _, e in await log.read_all()] == events
+        assert row_by_row(ran)
 
 
 @pytest.mark.parametrize("text", ["plain", "naïve ☃"])

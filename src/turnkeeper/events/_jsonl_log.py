@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
@@ -337,10 +338,18 @@ def _write(path: Path, data: bytes, tail: _Tail, new_session: bool) -> int:
             if os.fstat(fd).st_size != tail.size:
                 # A torn last line, or the rest of an earlier append that failed.
                 os.ftruncate(fd, tail.size)
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.fsync(fd)
+            except OSError:
+                # A full disk, say: what did go in must not read back as logged after a
+                # restart. (If this fails too, the next append cuts it off.)
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, tail.size)
+                    os.fsync(fd)
+                raise
         finally:
             os.close(fd)
         if new_session:

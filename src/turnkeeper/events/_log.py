@@ -36,6 +36,10 @@ class Batch(msgspec.Struct, frozen=True):
     lines: tuple[bytes, ...]
 
 
+# Seqs, positions and limits are SQLite integers, which stop here.
+_LARGEST = 2**63 - 1
+
+
 def check_batch(events: Sequence[Envelope], expected_seq: int) -> Batch:
     """Validate an append and encode it; the batch holds the events as they will read back.
 
@@ -49,6 +53,8 @@ def check_batch(events: Sequence[Envelope], expected_seq: int) -> Batch:
         raise LogError(f"events must be a sequence of Envelope, got {type(given).__name__}")
     if not events:
         raise LogError("cannot append an empty batch of events")
+    if expected_seq + len(events) > _LARGEST:
+        raise LogError(f"expected_seq {expected_seq} numbers events past 2**63 - 1")
     first = events[0]
     if not isinstance(first, Envelope):
         raise LogError(f"events must be Envelope instances, got {type(first).__name__}")
@@ -91,12 +97,21 @@ def check_batch(events: Sequence[Envelope], expected_seq: int) -> Batch:
     return Batch(session_id, expected_seq, tuple(decoded), tuple(lines))
 
 
+async def _yield() -> None:
+    """Let other tasks run before a read: a log in memory would otherwise answer without
+    ever yielding, and a task polling it would starve every other task (and its own
+    timeouts)."""
+    await anyio.lowlevel.checkpoint()
+
+
 def check_window(after: int, limit: int | None) -> None:
     """Raise LogError unless `after` is an int >= 0 and `limit` is None or an int >= 0."""
-    if isinstance(after, bool) or not isinstance(after, int) or after < 0:
-        raise LogError(f"after must be an int >= 0, got {after!r}")
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
-        raise LogError(f"limit must be None or an int >= 0, got {limit!r}")
+    if isinstance(after, bool) or not isinstance(after, int) or not 0 <= after <= _LARGEST:
+        raise LogError(f"after must be an int from 0 to 2**63 - 1, got {after!r}")
+    if limit is not None and (
+        isinstance(limit, bool) or not isinstance(limit, int) or not 0 <= limit <= _LARGEST
+    ):
+        raise LogError(f"limit must be None or an int from 0 to 2**63 - 1, got {limit!r}")
 
 
 def check_session_id(session_id: str) -> None:
@@ -149,17 +164,20 @@ class EventLog(ABC):
         await self._ready()
         if limit == 0:
             return []
+        await _yield()
         return await self._read(session_id, after, limit)
 
     async def last_seq(self, session_id: str) -> int:
         """The seq of the session's last logged event; 0 if it has none."""
         check_session_id(session_id)
         await self._ready()
+        await _yield()
         return await self._last_seq(session_id)
 
     async def sessions(self) -> list[str]:
         """Every session id in the log, in the order the sessions were created."""
         await self._ready()
+        await _yield()
         return await self._sessions()
 
     async def read_all(
@@ -170,17 +188,19 @@ class EventLog(ABC):
         await self._ready()
         if limit == 0:
             return []
+        await _yield()
         return await self._read_all(after, limit)
 
     async def close(self) -> None:
         """Stop taking work, finish appends in flight and release the storage."""
         # Shielded: closing is what an `async with` does on its way out of a cancellation.
         with anyio.CancelScope(shield=True):
+            # Under the lock: a second close returns once the first has finished.
             async with self._open_lock:
                 was_open = self._state == "open"
                 self._state = "closed"
-            if was_open:
-                await self._close()
+                if was_open:
+                    await self._close()
 
     async def _ready(self) -> None:
         """Open the log if this is its first use; raise LogError if it is closed."""

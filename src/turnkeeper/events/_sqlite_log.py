@@ -353,13 +353,14 @@ def _fetch_page(
     query: _Query, parameters: tuple[object, ...], connection: sqlite3.Connection
 ) -> _Page:
     """In a worker thread: a page of `query`'s rows, fetched as one row of aggregates, or
-    row by row if a value in it is not of its column's type or a body holds a newline (in
-    a file changed by hand)."""
+    row by row if a value in it is not of its column's type, a body holds a newline (in
+    a file changed by hand) or the page's bodies joined are longer than SQLite's longest
+    value (a gigabyte by default; each body alone is shorter)."""
     try:
         aggregates = connection.execute(query.aggregated, parameters).fetchone()
-    except sqlite3.OperationalError as exc:
-        # What a blob as a session id or seq makes JSON aggregates raise.
-        if exc.sqlite_errorname != "SQLITE_ERROR":
+    except (sqlite3.OperationalError, sqlite3.DataError) as exc:
+        # SQLITE_ERROR: what a blob as a session id or seq makes JSON aggregates raise.
+        if exc.sqlite_errorname not in ("SQLITE_ERROR", "SQLITE_TOOBIG"):
             raise
         aggregates = None
     page = None if aggregates is None else _unpacked(query, *aggregates)

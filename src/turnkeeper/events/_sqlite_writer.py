@@ -120,7 +120,8 @@ class Writer:
     async def append(self, batch: Batch) -> None:
         """Commit `batch` in the next round; raises its LogError (SeqConflict, say).
 
-        Cancelled before its round is taken, the append is not written; after, it is.
+        Cancelled before its round is taken, the append is not written; after, it is, and
+        the cancellation waits for the commit: once it is raised, `last_seq` tells.
         """
         pending = Pending(batch)
         # The condition's own lock, taken in C: `with self._work` goes through two Python
@@ -136,8 +137,12 @@ class Writer:
             await self._wait(round_)
         except BaseException:
             with self._lock:
-                if not round_.taken:
+                taken = round_.taken
+                if not taken:
                     round_.pendings.remove(pending)
+            if taken:
+                with anyio.CancelScope(shield=True):
+                    await self._wait(round_)
             raise
         if pending.error is not None:
             raise pending.error
@@ -318,10 +323,14 @@ class Writer:
         connection.execute("RELEASE long_append")
         return len(batch.events)
 
-    def _conflict(self, batch: Batch) -> SeqConflict:
+    def _conflict(self, batch: Batch) -> LogError:
         """The conflict that kept the batch out: the session's last seq is not the one
-        the batch expects."""
-        actual = last_seq(self._connection, self.path, batch.session_id)
+        the batch expects, or is not a seq at all (LogCorrupt, for this batch alone: the
+        others of its round are written)."""
+        try:
+            actual = last_seq(self._connection, self.path, batch.session_id)
+        except LogCorrupt as exc:
+            return exc
         return SeqConflict(batch.session_id, batch.expected_seq, actual)
 
 

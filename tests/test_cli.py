@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
@@ -28,11 +29,13 @@ from turnkeeper.events import (
     Halted,
     ModelResponded,
     SessionOpened,
+    SqliteLog,
     decode_envelope,
     encode_jsonl,
     read_jsonl,
 )
-from turnkeeper.providers import text_response, tool_response
+from turnkeeper.providers import ScriptedChat, text_response, tool_response
+from turnkeeper.sessions import run
 
 COMMAND = (sys.executable, "-m", "turnkeeper.cli")
 # Every subprocess ends well within this unless something hangs.
@@ -391,6 +394,43 @@ def test_sessions_lists_and_shows_and_export_writes_jsonl(tmp_path: Path) -> Non
     ambiguous = cli("replay", "all.jsonl", cwd=tmp_path)
     assert ambiguous.code == 2
     assert "holds 2 sessions: pick one with --session ID" in ambiguous.err
+
+
+async def record_sessions(path: Path, names: Sequence[str]) -> None:
+    """One short session per name in the SQLite log at `path`."""
+    async with SqliteLog(path) as log:
+        for name in names:
+            result = await run(AgentSpec(), f"hi {name}", ScriptedChat([text_response("hello")]))
+            events = [Envelope(name, e.seq, e.at, e.event) for e in result.events]
+            await log.append(events, expected_seq=0)
+
+
+def test_a_damaged_session_spoils_only_itself_for_the_commands(tmp_path: Path) -> None:
+    path = tmp_path / "runs.sqlite"
+    anyio.run(record_sessions, path, ["good", "damaged"])
+    connection = sqlite3.connect(path, isolation_level=None)
+    connection.execute("UPDATE events SET body = x'7b' WHERE session_id = 'damaged' AND seq = 2")
+    connection.close()
+    log = str(path)
+
+    listing = cli("sessions", "--log", log, cwd=tmp_path)
+    assert listing.code == 0
+    rows = [row.split()[:2] for row in listing.out.splitlines()[1:]]
+    assert rows == [["good", "idle"], ["damaged", "unreadable"]]
+    for command in (
+        ["sessions", "good", "--log", log],
+        ["export", "--log", log, "--session", "good"],
+        ["replay", log, "--session", "good"],
+    ):
+        assert cli(*command, cwd=tmp_path).code == 0, command
+    for command in (
+        ["sessions", "damaged", "--log", log],
+        ["export", "--log", log],
+        ["replay", log, "--session", "damaged"],
+    ):
+        done = cli(*command, cwd=tmp_path)
+        assert done.code == 2, command
+        assert "session damaged seq 2" in done.err, command
 
 
 def test_a_torn_jsonl_log_is_replayed_with_a_warning_and_not_appended_to(

@@ -145,7 +145,7 @@ async def test_a_seq_gap_in_a_file_names_file_session_and_seq(tmp_path: Path) ->
     events = run("s1", 1, 2) + run("s1", 4, 1)
     (tmp_path / "s1.jsonl").write_bytes(encode_jsonl(events))
     with pytest.raises(SeqError, match=r"s1\.jsonl: session s1: seq 4 .*expected seq 3") as info:
-        await JsonlLog(tmp_path).sessions()
+        await JsonlLog(tmp_path).read("s1")
     assert (info.value.session_id, info.value.seq, info.value.expected) == ("s1", 4, 3)
 
 
@@ -155,7 +155,37 @@ async def test_another_sessions_event_in_a_file_is_corrupt(tmp_path: Path) -> No
     with pytest.raises(
         LogCorrupt, match=r"s1\.jsonl \(session s1\): seq 2 belongs to session 's2'"
     ):
-        await JsonlLog(tmp_path).sessions()
+        await JsonlLog(tmp_path).read("s1")
+
+
+@pytest.mark.anyio
+async def test_a_damaged_session_file_leaves_the_other_sessions_as_they_are(
+    tmp_path: Path,
+) -> None:
+    await write_sessions(tmp_path, {"a": 2, "b": 3, "c": 1})
+    damaged = tmp_path / "b.jsonl"
+    lines = damaged.read_bytes().split(b"\n")
+    lines[1] = b"not an envelope"
+    damaged.write_bytes(b"\n".join(lines))
+    async with JsonlLog(tmp_path) as log:
+        assert await log.sessions() == ["a", "c", "b"]
+        for call in (
+            log.read("b"),
+            log.last_seq("b"),
+            log.read_all(),
+            log.append([envelope("b", 4)], expected_seq=3),
+        ):
+            with pytest.raises(LogCorrupt, match=r"b\.jsonl \(session b\), line 2"):
+                await call
+        assert await log.read("a") == run("a", 1, 2)
+        await log.append([envelope("a", 3)], expected_seq=2)
+        await log.append(run("d", 1, 1), expected_seq=0)
+    assert damaged.read_bytes() == b"\n".join(lines)
+    async with JsonlLog(tmp_path) as log:
+        assert await log.read("a") == run("a", 1, 3)
+        assert await log.read("d") == run("d", 1, 1)
+        with pytest.raises(LogCorrupt):
+            await log.read("b")
 
 
 @pytest.mark.anyio
@@ -327,5 +357,9 @@ async def test_opening_leaves_the_collector_as_it_found_it(tmp_path: Path) -> No
         gc.enable()
     (tmp_path / "c.jsonl").write_bytes(b"not json\n")
     with pytest.raises(LogCorrupt, match=r"c\.jsonl"):
+        await JsonlLog(tmp_path).read("c")
+    assert gc.isenabled()
+    (tmp_path / "not a session.jsonl").write_bytes(b"")
+    with pytest.raises(LogCorrupt, match=r"not a session log"):
         await JsonlLog(tmp_path).sessions()
     assert gc.isenabled()

@@ -34,6 +34,7 @@ from turnkeeper.events import (
     MessageReceived,
     ModelResponded,
     ToolResult,
+    ToolReturned,
     ToolSpec,
     ToolUse,
 )
@@ -380,8 +381,9 @@ async def test_tool_results_are_checked_field_by_field_and_may_come_from_any_ite
         assert await log.read(session_id) == before
         await host.submit_tool_results(session_id, (r for r in [ToolResult("a1", "answer")]))  # type: ignore[arg-type]
         assert (await settle(host, session_id)).text == "ok"
-        logged = [e.event for e in await log.read(session_id) if e.type == "local.tool_result"]
-        assert [(r.tool_call_id, r.text) for r in logged] == [("a1", "answer")]  # type: ignore[attr-defined]
+        logged = [e.event for e in await log.read(session_id)]
+        answers = [(r.tool_call_id, r.text) for r in logged if isinstance(r, ToolReturned)]
+        assert answers == [("a1", "answer")]
         await check_consistent(host, log, session_id)
 
 

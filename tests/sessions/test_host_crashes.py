@@ -40,8 +40,10 @@ from turnkeeper.events import (
     InputError,
     LogCorrupt,
     ToolCalled,
+    ToolReturned,
     replay,
 )
+from turnkeeper.events._jsonl_log import JsonlLog
 from turnkeeper.events._log import EventLog
 from turnkeeper.events._memory_log import MemoryLog
 from turnkeeper.events._sqlite_log import SqliteLog
@@ -360,9 +362,9 @@ async def test_a_stray_cancellation_fails_one_call_and_touches_no_sibling() -> N
         assert host.counters["tool_errors"] == 1
         await check_host(host, log)
     assert strays == {"chat": 1, "tool": 1}
-    results = [e.event for e in await log.read("tool") if e.type == "local.tool_result"]
-    assert results[0].is_error  # type: ignore[attr-defined]
-    assert results[0].text.startswith(("CancelledError", "Stray: a future"))  # type: ignore[attr-defined]
+    results = [e.event for e in await log.read("tool") if isinstance(e.event, ToolReturned)]
+    assert results[0].is_error
+    assert results[0].text.startswith(("CancelledError", "Stray: a future"))
 
 
 async def test_stop_ends_a_session_waiting_out_its_restart_backoff_at_once() -> None:
@@ -598,29 +600,41 @@ async def test_recovery_skips_an_unreadable_session_and_resumes_the_others() -> 
             await host.status("broken")
 
 
-async def test_recovery_reads_session_by_session_past_a_damaged_row(tmp_path: Path) -> None:
-    path = tmp_path / "log.sqlite"
+@pytest.mark.parametrize("kind", ["sqlite", "jsonl"])
+async def test_recovery_reads_session_by_session_past_a_damaged_row(
+    tmp_path: Path, kind: str
+) -> None:
+    path = tmp_path / ("log.sqlite" if kind == "sqlite" else "jsonl")
     gate = anyio.Event()
+
+    def open_log() -> EventLog:
+        return SqliteLog(path) if kind == "sqlite" else JsonlLog(path)
 
     async def stalled(request: dict[str, Any]) -> dict[str, Any]:
         await gate.wait()
         raise AssertionError("never answered")
 
-    async with SqliteLog(path) as log, Host(chat=stalled, log=log, stop_grace=0) as host:
-        for name in ("good", "damaged", "also good"):
+    async with open_log() as log, Host(chat=stalled, log=log, stop_grace=0) as host:
+        for name in ("good", "damaged", "also-good"):
             await host.start(SPEC, prompt_for(1, name), session_id=name)
-    connection = sqlite3.connect(path, isolation_level=None)
-    connection.execute("UPDATE events SET body = x'7b' WHERE session_id = 'damaged' AND seq = 2")
-    connection.close()
+    if kind == "sqlite":
+        connection = sqlite3.connect(path, isolation_level=None)
+        connection.execute(
+            "UPDATE events SET body = x'7b' WHERE session_id = 'damaged' AND seq = 2"
+        )
+        connection.close()
+    else:
+        lines = (path / "damaged.jsonl").read_bytes().split(b"\n")
+        (path / "damaged.jsonl").write_bytes(b"\n".join([lines[0], b"{", *lines[2:]]))
 
-    async with SqliteLog(path) as log:
+    async with open_log() as log:
         # The one pass over the log stops at the damaged row...
-        with pytest.raises(LogCorrupt, match="session damaged seq 2"):
+        with pytest.raises(LogCorrupt, match="damaged"):
             await log.read_all()
         async with Host(chat=stepper(), log=log, tools=step_tool()) as host:
             # ... so the host reads the sessions one by one, and loses only that one.
             assert host.counters["sessions_recovered"] == 2
-            for name in ("good", "also good"):
+            for name in ("good", "also-good"):
                 assert (await settle(host, name)).text == answer_for(1)
             with pytest.raises(LogCorrupt):
                 await host.status("damaged")

@@ -82,6 +82,7 @@ async def sessions_command(options: SessionsOptions) -> int:
     if options.session is None:
         rows = [("ID", "STATUS", "POLLS", "LAST")]
         rows += [(key, *_summary(events)) for key, events in log.sessions.items()]
+        rows += [(key, "unreadable", "-", gist(error, 80)) for key, error in log.unreadable.items()]
         widths = [max(len(row[column]) for row in rows) for column in range(3)]
         for row in rows:
             cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
@@ -104,7 +105,7 @@ async def export_command(options: ExportOptions) -> int:
     """Write the session (or every session) as JSON Lines to `--output` or stdout."""
     log = await _load(options.log)
     if options.session is None:
-        chosen: Iterable[tuple[Envelope, ...]] = log.sessions.values()
+        chosen: Iterable[tuple[Envelope, ...]] = log.every_session()
     else:
         chosen = [log.session(options.session, options.log)[1]]
     data = encode_jsonl(envelope for events in chosen for envelope in events)

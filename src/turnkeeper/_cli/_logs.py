@@ -28,26 +28,39 @@ from turnkeeper.events import (
 
 
 class LoadedLog(msgspec.Struct, frozen=True):
-    """Every session of a log, in the log's order, and a warning about a skipped torn line."""
+    """Every session of a log that reads, in the log's order; why each that does not read
+    does not (a damaged row or file spoils its own session only); and a warning about a
+    skipped torn line."""
 
     sessions: dict[str, tuple[Envelope, ...]]
     warning: str | None = None
+    unreadable: dict[str, str] = msgspec.field(default_factory=dict)
 
     def session(self, session_id: str | None, path: str) -> tuple[str, tuple[Envelope, ...]]:
         """The session `session_id`, or the log's only session when it is None."""
+        count = len(self.sessions) + len(self.unreadable)
+        if session_id is None and count == 1:
+            session_id = next(iter([*self.sessions, *self.unreadable]))
         if session_id is not None:
+            if session_id in self.unreadable:
+                raise LogError(self.unreadable[session_id])
             events = self.sessions.get(session_id)
             if events is None:
                 raise InputError(f"--session: {path} holds no session {session_id!r}")
             return session_id, events
-        if len(self.sessions) == 1:
-            return next(iter(self.sessions.items()))
-        if not self.sessions:
+        if not count:
             raise InputError(f"{path}: the log holds no sessions")
         raise InputError(
-            f"{path} holds {len(self.sessions)} sessions: pick one with --session ID "
+            f"{path} holds {count} sessions: pick one with --session ID "
             f"(list them with: turnkeeper sessions --log {path})"
         )
+
+    def every_session(self) -> list[tuple[Envelope, ...]]:
+        """Every session's events; LogError naming the sessions that do not read."""
+        if self.unreadable:
+            named = "; ".join(f"{key}: {error}" for key, error in self.unreadable.items())
+            raise LogError(f"sessions that do not read (pick others with --session): {named}")
+        return list(self.sessions.values())
 
 
 Kind = Literal["missing", "jsonl", "directory", "sqlite"]
@@ -88,9 +101,15 @@ async def load_log(name: str) -> LoadedLog:
             torn = read.torn
             warning = f"{name}: skipped the unfinished last line {torn.line} ({torn.error})"
         return LoadedLog({key: tuple(events) for key, events in sessions.items()}, warning)
+    loaded: dict[str, tuple[Envelope, ...]] = {}
+    unreadable: dict[str, str] = {}
     async with _open(path, kind) as log:
-        loaded = {key: tuple(await log.read(key)) for key in await log.sessions()}
-    return LoadedLog(loaded)
+        for key in await log.sessions():
+            try:
+                loaded[key] = tuple(await log.read(key))
+            except LogError as exc:
+                unreadable[key] = str(exc)
+    return LoadedLog(loaded, unreadable=unreadable)
 
 
 def _append_line(path: Path, line: bytes) -> None:

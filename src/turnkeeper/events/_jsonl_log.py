@@ -45,11 +45,13 @@ class _SessionFile(msgspec.Struct, frozen=True):
 
 
 class _Directory(msgspec.Struct, frozen=True):
-    """What a log directory held: its session files, and the order file's entries."""
+    """What a log directory held: its session files, the order file's entries, and why
+    each session file that does not read does not."""
 
     files: tuple[_SessionFile, ...]
     order: tuple[tuple[str, int], ...]
     order_clean: bool
+    damaged: dict[str, LogError]
 
 
 class JsonlLog(EventLog):
@@ -63,7 +65,9 @@ class JsonlLog(EventLog):
     A torn last line (a write cut short by a crash) is reported, in `torn` and as a
     warning, and skipped; the file is cut back to its last good line before the
     session's next append. Any other bad line, an event of another session, or a gap
-    or repeat in the seqs raises LogCorrupt or SeqError naming the file and session.
+    or repeat in the seqs damages that session alone: reading it, appending to it and
+    `read_all` raise LogCorrupt or SeqError naming the file and session (as reading a
+    damaged row does in a SqliteLog), while the other sessions read and append as ever.
 
     Positions: the file `order.idx` records the global order, one line
     `<session_id> <seq>` per append ("that session's events up to seq come next").
@@ -87,12 +91,16 @@ class JsonlLog(EventLog):
         self._idle: anyio.Event | None = None
         self._order_fd: int | None = None
         self._order_stale = False
+        self._damaged: dict[str, LogError] = {}
 
     def __repr__(self) -> str:
         return f"JsonlLog({str(self.directory)!r})"
 
     async def _open(self) -> None:
         directory = await anyio.to_thread.run_sync(_load_directory, self.directory)
+        self._damaged = directory.damaged
+        for session_id, error in directory.damaged.items():
+            _logger.error("jsonl log: session unreadable", session_id=session_id, error=str(error))
         for file in directory.files:
             self._tails[file.session_id] = file.tail
             if file.torn is not None:
@@ -123,6 +131,7 @@ class JsonlLog(EventLog):
                 f"session id {session_id!r} cannot name a log file: use at most 200 letters, "
                 "digits, '.', '_' or '-', starting with a letter or digit"
             )
+        self._check_readable(session_id)
         self._in_flight += 1
         try:
             await self._append_in_turn(batch)
@@ -157,16 +166,28 @@ class JsonlLog(EventLog):
             done.set()
 
     async def _read(self, session_id: str, after: int, limit: int | None) -> list[Envelope]:
+        self._check_readable(session_id)
         return self._store.read(session_id, after, limit)
 
     async def _last_seq(self, session_id: str) -> int:
+        self._check_readable(session_id)
         return self._store.last_seq(session_id)
 
     async def _sessions(self) -> list[str]:
-        return self._store.sessions()
+        # A damaged session is one all the same; where it was created is not known.
+        return self._store.sessions() + sorted(self._damaged)
 
     async def _read_all(self, after: int, limit: int | None) -> list[tuple[int, Envelope]]:
+        # Where a damaged session's events fall among the others is not known.
+        for session_id in self._damaged:
+            self._check_readable(session_id)
         return self._store.read_all(after, limit)
+
+    def _check_readable(self, session_id: str) -> None:
+        """Raise what damages the session's file, if anything does."""
+        error = self._damaged.get(session_id)
+        if error is not None:
+            raise error.with_traceback(None)
 
     def _path(self, session_id: str) -> Path:
         return self.directory / f"{session_id}{_SUFFIX}"
@@ -205,13 +226,25 @@ def _load_directory(directory: Path) -> _Directory:
     except OSError as exc:
         raise LogError(f"{directory}: cannot open the log directory: {exc}") from None
     order, clean = _load_order(directory / _ORDER)
-    return _Directory(_load_files(paths), order, clean)
+    files, damaged = _load_files(paths)
+    return _Directory(files, order, clean, damaged)
 
 
-def _load_files(paths: list[Path]) -> tuple[_SessionFile, ...]:
-    """The session files, read in one pause of the cycle collector (see `gc_paused`)."""
+def _load_files(paths: list[Path]) -> tuple[tuple[_SessionFile, ...], dict[str, LogError]]:
+    """The session files that read, and why each that does not read does not; in one
+    pause of the cycle collector (see `gc_paused`)."""
+    files: list[_SessionFile] = []
+    damaged: dict[str, LogError] = {}
     with gc_paused():
-        return tuple(_load_file(path) for path in paths)
+        for path in paths:
+            session_id = path.name.removesuffix(_SUFFIX)
+            if not _SESSION_ID.fullmatch(session_id):
+                raise LogCorrupt(f"{path}: not a session log (the name is not a valid session id)")
+            try:
+                files.append(_load_file(path, session_id))
+            except LogError as exc:
+                damaged[session_id] = exc
+    return tuple(files), damaged
 
 
 def _load_order(path: Path) -> tuple[tuple[tuple[str, int], ...], bool]:
@@ -276,11 +309,8 @@ def _encode_order(events: list[tuple[int, Envelope]]) -> bytes:
     return b"".join(lines)
 
 
-def _load_file(path: Path) -> _SessionFile:
+def _load_file(path: Path, session_id: str) -> _SessionFile:
     """One session file's events; a torn last line is skipped and reported."""
-    session_id = path.name.removesuffix(_SUFFIX)
-    if not _SESSION_ID.fullmatch(session_id):
-        raise LogCorrupt(f"{path}: not a session log (the name is not a valid session id)")
     try:
         data = path.read_bytes()
     except OSError as exc:

@@ -208,7 +208,25 @@ async def test_session_ids_that_cannot_be_file_names_are_refused(
             await log.append([envelope(session_id, 1)], expected_seq=0)
         assert await log.read(session_id) == []
     assert names(tmp_path) == ["log"]
-    assert names(directory) == []
+    assert names(directory) == ["writer.lock"]
+
+
+@pytest.mark.anyio
+async def test_a_second_log_on_a_directory_only_reads_it(tmp_path: Path) -> None:
+    async with JsonlLog(tmp_path) as writer:
+        await writer.append(run("s1", 1, 2), expected_seq=0)
+        async with JsonlLog(tmp_path) as reader:
+            assert await reader.read("s1") == run("s1", 1, 2)
+            with pytest.raises(LogError, match="this log only reads the directory"):
+                await reader.append([envelope("s1", 3)], expected_seq=2)
+            with pytest.raises(LogError, match="this log only reads the directory"):
+                await reader.append(run("s2", 1, 1), expected_seq=0)
+        await writer.append([envelope("s1", 3)], expected_seq=2)
+    # Once the writer has closed, the next log to open writes.
+    async with JsonlLog(tmp_path) as log:
+        await log.append([envelope("s1", 4)], expected_seq=3)
+        assert await log.read("s1") == run("s1", 1, 4)
+    assert (tmp_path / "s1.jsonl").read_bytes() == encode_jsonl(run("s1", 1, 4))
 
 
 @pytest.mark.anyio

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import math
 import os
 import re
@@ -26,6 +27,7 @@ _logger = structlog.get_logger(__name__)
 _SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 _SUFFIX = ".jsonl"
 _ORDER = "order.idx"
+_LOCK = "writer.lock"
 _session_of = attrgetter("session_id")
 _seq_of = attrgetter("seq")
 
@@ -59,8 +61,11 @@ class JsonlLog(EventLog):
 
     An append writes its lines and fsyncs the file (and, for a new session, the
     directory) before it returns. Appends to different sessions run in parallel
-    worker threads; there is no group commit across files. One process writes a
-    directory at a time. The log holds every event in memory once open.
+    worker threads; there is no group commit across files. One log writes a
+    directory at a time: opening one takes a lock on `writer.lock` in it, and a log
+    opened while another holds it only reads (its appends raise LogError), so two
+    writers cannot cut each other's lines. The log holds every event in memory once
+    open.
 
     A torn last line (a write cut short by a crash) is reported, in `torn` and as a
     warning, and skipped; the file is cut back to its last good line before the
@@ -92,11 +97,14 @@ class JsonlLog(EventLog):
         self._order_fd: int | None = None
         self._order_stale = False
         self._damaged: dict[str, LogError] = {}
+        self._lock_fd: int | None = None
 
     def __repr__(self) -> str:
         return f"JsonlLog({str(self.directory)!r})"
 
     async def _open(self) -> None:
+        # Locked before it is read: what a writer reads, no other writer changes.
+        self._lock_fd = await anyio.to_thread.run_sync(_lock, self.directory)
         directory = await anyio.to_thread.run_sync(_load_directory, self.directory)
         self._damaged = directory.damaged
         for session_id, error in directory.damaged.items():
@@ -123,6 +131,9 @@ class JsonlLog(EventLog):
         if self._order_fd is not None:
             os.close(self._order_fd)
             self._order_fd = None
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
 
     async def _append(self, batch: Batch) -> None:
         session_id = batch.session_id
@@ -130,6 +141,11 @@ class JsonlLog(EventLog):
             raise LogError(
                 f"session id {session_id!r} cannot name a log file: use at most 200 letters, "
                 "digits, '.', '_' or '-', starting with a letter or digit"
+            )
+        if self._lock_fd is None:
+            raise LogError(
+                f"{self.directory}: this log only reads the directory: another log writes "
+                "it, or it cannot be written here"
             )
         self._check_readable(session_id)
         self._in_flight += 1
@@ -216,6 +232,25 @@ class JsonlLog(EventLog):
             os.write(self._order_fd, f"{session_id} {seq}\n".encode())
         except OSError as exc:
             raise LogError(f"{path}: cannot record the order of an append: {exc}") from None
+
+
+def _lock(directory: Path) -> int | None:
+    """The directory's writer lock, taken (creating the directory if it is missing), or
+    None if another log holds it, or it cannot be taken here (a read-only directory)."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise LogError(f"{directory}: cannot open the log directory: {exc}") from None
+    try:
+        fd = os.open(directory / _LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
 
 
 def _load_directory(directory: Path) -> _Directory:

@@ -60,7 +60,9 @@ class JsonlLog(EventLog):
     """An event log in `directory`: one JSON Lines file per session, each line an envelope.
 
     An append writes its lines and fsyncs the file (and, for a new session, the
-    directory) before it returns. Appends to different sessions run in parallel
+    directory) before it returns. It is not all-or-nothing across a crash, as a
+    SqliteLog's is: a process killed in the middle of one may leave the first of its
+    lines, which read back as logged (each a whole event, in order). Appends to different sessions run in parallel
     worker threads; there is no group commit across files. One log writes a
     directory at a time: opening one takes a lock on `writer.lock` in it, and a log
     opened while another holds it only reads (its appends raise LogError), so two

@@ -8,7 +8,6 @@ call answered once in history, and `replay(log)` equal to the host's live state.
 
 from __future__ import annotations
 
-import asyncio
 import sqlite3
 from collections import Counter
 from collections.abc import Sequence
@@ -33,6 +32,7 @@ from tests.sessions.host_worker import (
     step_tool,
     stepper,
 )
+from tests.tools.test_handlers import cancelled_elsewhere
 from turnkeeper.events import (
     ChatError,
     Envelope,
@@ -316,21 +316,6 @@ async def test_a_crash_loop_while_running_tools_records_the_real_error() -> None
     events = await log.read(session_id)
     assert [e.type for e in events][-2:] == ["local.tool_call", "local.failed"]
     assert events[-1].event == Failed(error="OSError: cannot append local.tool_call")
-
-
-class Stray(BaseException):
-    """A BaseException of a backend's or handler's own, which stops nothing else."""
-
-
-async def cancelled_elsewhere() -> None:
-    """Raise what awaiting a future that other code cancelled raises: on asyncio, a
-    CancelledError while nothing cancelled this task; on trio, which has no such thing,
-    a BaseException of the caller's own."""
-    if anyio.get_cancelled_exc_class() is asyncio.CancelledError:
-        future = asyncio.get_running_loop().create_future()
-        future.cancel()
-        await future
-    raise Stray("a future of another task was cancelled")
 
 
 async def test_a_stray_cancellation_fails_one_call_and_touches_no_sibling() -> None:

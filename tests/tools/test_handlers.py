@@ -317,13 +317,13 @@ async def test_raising_handler_becomes_an_error_result_with_type_and_message() -
 
 
 class Stray(BaseException):
-    """A BaseException of a handler's own, which stops nothing but its call."""
+    """A BaseException of a handler's or backend's own, which stops nothing but its call."""
 
 
 async def cancelled_elsewhere() -> None:
     """Raise what awaiting a future that other code cancelled raises: on asyncio, a
     CancelledError while nothing cancelled this task; on trio, which has no such thing,
-    a BaseException of the handler's own."""
+    a BaseException of the caller's own."""
     if anyio.get_cancelled_exc_class() is asyncio.CancelledError:
         future = asyncio.get_running_loop().create_future()
         future.cancel()

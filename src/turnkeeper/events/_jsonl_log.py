@@ -62,12 +62,12 @@ class JsonlLog(EventLog):
     An append writes its lines and fsyncs the file (and, for a new session, the
     directory) before it returns. It is not all-or-nothing across a crash, as a
     SqliteLog's is: a process killed in the middle of one may leave the first of its
-    lines, which read back as logged (each a whole event, in order). Appends to different sessions run in parallel
-    worker threads; there is no group commit across files. One log writes a
-    directory at a time: opening one takes a lock on `writer.lock` in it, and a log
-    opened while another holds it only reads (its appends raise LogError), so two
-    writers cannot cut each other's lines. The log holds every event in memory once
-    open.
+    lines, which read back as logged (each a whole event, in order). Appends to
+    different sessions run in parallel worker threads; there is no group commit across
+    files. One log writes a directory at a time: opening one takes a lock on
+    `writer.lock` in it, and a log opened while another holds it only reads (its
+    appends raise LogError), so two writers cannot cut each other's lines. The log
+    holds every event in memory once open.
 
     A torn last line (a write cut short by a crash) is reported, in `torn` and as a
     warning, and skipped; the file is cut back to its last good line before the

@@ -47,6 +47,16 @@ def test_an_empty_transcript_means_a_fresh_open() -> None:
             {"history": [{"role": "assistant", "tool_calls": [{"id": "1", "function": 3}]}]},
             "history",
         ),
+        ({"history": [{"role": "tool", "tool_call_id": "1", "content": "x"}]}, "history[0]"),
+        (
+            {
+                "history": [
+                    {"role": "assistant", "tool_calls": [{"id": "1", "function": {"name": "f"}}]},
+                    {"role": "tool", "tool_call_id": "2", "content": "x"},
+                ]
+            },
+            r"history[1].tool_call_id: '2' answers no tool call",
+        ),
         ({"guards": GuardConfig(terminal=TerminalTool(required=True))}, "terminal"),
     ],
 )

@@ -57,18 +57,27 @@ def _transcript(history: Sequence[dict[str, Any]] | None) -> tuple[dict[str, Any
         return ()
     if not isinstance(history, list | tuple):
         raise InputError(f"history: expected a list of messages, got {type(history).__name__}")
+    called: set[object] = set()
     for index, message in enumerate(history):
         if not isinstance(message, dict):
             raise InputError(f"history[{index}]: expected a message object, got {message!r:.80}")
-        if message.get("role") not in ("system", "user", "assistant", "tool"):
-            raise InputError(f"history[{index}].role: {message.get('role')!r} is not a chat role")
-        _check_tool_calls(index, message.get("tool_calls"))
+        role = message.get("role")
+        if role not in ("system", "user", "assistant", "tool"):
+            raise InputError(f"history[{index}].role: {role!r} is not a chat role")
+        called |= _check_tool_calls(index, message.get("tool_calls"))
+        # As chat servers require: a tool message answers a call made before it.
+        if role == "tool" and message.get("tool_call_id") not in called:
+            raise InputError(
+                f"history[{index}].tool_call_id: {message.get('tool_call_id')!r} answers no "
+                "tool call of an earlier assistant message"
+            )
     return tuple(history)
 
 
-def _check_tool_calls(index: int, calls: object) -> None:
+def _check_tool_calls(index: int, calls: object) -> set[object]:
+    """The ids of the calls, once each is checked to be a call."""
     if calls is None:
-        return
+        return set()
     if not isinstance(calls, list):
         raise InputError(f"history[{index}].tool_calls: expected a list")
     for position, call in enumerate(calls):
@@ -78,3 +87,4 @@ def _check_tool_calls(index: int, calls: object) -> None:
         function = call.get("function")
         if not isinstance(function, dict) or not isinstance(function.get("name"), str):
             raise InputError(f"{where}.function: expected an object with a string name")
+    return {call["id"] for call in calls}

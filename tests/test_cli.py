@@ -433,6 +433,15 @@ def test_a_damaged_session_spoils_only_itself_for_the_commands(tmp_path: Path) -
         assert "session damaged seq 2" in done.err, command
 
 
+def test_reading_an_empty_file_leaves_it_empty(tmp_path: Path) -> None:
+    (tmp_path / "empty.db").write_bytes(b"")
+    for command in (["sessions", "--log", "empty.db"], ["replay", "empty.db"]):
+        done = cli(*command, cwd=tmp_path)
+        assert done.code == 2
+        assert "empty.db: an empty file, not a log" in done.err
+    assert (tmp_path / "empty.db").read_bytes() == b""
+
+
 def test_a_torn_jsonl_log_is_replayed_with_a_warning_and_not_appended_to(
     tmp_path: Path,
 ) -> None:

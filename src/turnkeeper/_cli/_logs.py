@@ -63,15 +63,18 @@ class LoadedLog(msgspec.Struct, frozen=True):
         return list(self.sessions.values())
 
 
-Kind = Literal["missing", "jsonl", "directory", "sqlite"]
+Kind = Literal["missing", "empty", "jsonl", "directory", "sqlite"]
 
 
 def _kind(path: Path) -> Kind:
     if path.is_dir():
         return "directory"
+    if not path.exists():
+        return "missing"
     if path.suffix == ".jsonl":
-        return "jsonl" if path.exists() else "missing"
-    return "sqlite" if path.exists() else "missing"
+        return "jsonl"
+    # Opened as a log, an empty file would become one: a command that reads must not.
+    return "sqlite" if path.stat().st_size else "empty"
 
 
 def _open(path: Path, kind: Kind) -> EventLog:
@@ -91,6 +94,8 @@ async def load_log(name: str) -> LoadedLog:
     kind = await anyio.to_thread.run_sync(_kind, path)
     if kind == "missing":
         raise InputError(f"{name}: no such log file")
+    if kind == "empty":
+        raise InputError(f"{name}: an empty file, not a log")
     if kind == "jsonl":
         read = await _read_jsonl(path)
         sessions: dict[str, list[Envelope]] = {}

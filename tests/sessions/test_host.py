@@ -348,8 +348,11 @@ async def test_bad_arguments_are_input_errors() -> None:
         refused: dict[str, Any] = {
             "spec: expected an AgentSpec, got dict": host.start({"tools": []}, "hi"),  # type: ignore[arg-type]
             "prompt: expected a string or None, got int": host.start(SPEC, 7),  # type: ignore[arg-type]
-            "after: expected an integer >= 0, got -1": host.events(session_id, after=-1),
-            "after: expected an integer >= 0, got '2'": host.events(session_id, after="2"),  # type: ignore[arg-type]
+            "after: expected an integer from 0 to .*, got -1": host.events(session_id, after=-1),
+            "after: expected an integer from 0 to .*, got '2'": host.events(session_id, after="2"),  # type: ignore[arg-type]
+            "after: expected an integer from 0 to .*, got 9223372036854775808": host.events(
+                session_id, after=2**63
+            ),
             "wait: expected a number of seconds, got nan": host.events(session_id, wait=NAN),
             "wait: expected a number of seconds, got True": host.result(session_id, wait=True),
             "cannot encode event": host.start(SPEC, "lone \ud800 surrogate"),

@@ -467,8 +467,8 @@ class Host:
     async def events(self, session_id: str, *, after: int = 0, wait: float = 0.0) -> list[Envelope]:
         """The session's events after seq `after`; if there are none yet, wait up to
         `wait` seconds for one (long-poll)."""
-        if isinstance(after, bool) or not isinstance(after, int) or after < 0:
-            raise InputError(f"after: expected an integer >= 0, got {after!r}")
+        if isinstance(after, bool) or not isinstance(after, int) or not 0 <= after < 2**63:
+            raise InputError(f"after: expected an integer from 0 to 2**63 - 1, got {after!r}")
         _check_seconds("wait", wait)
         session = await self._load(session_id)
         deadline = anyio.current_time() + max(wait, 0.0)

@@ -256,9 +256,8 @@ def _lock(directory: Path) -> int | None:
 
 
 def _load_directory(directory: Path) -> _Directory:
-    """Read every session file and the order file, creating the directory if it is missing."""
+    """Read every session file and the order file (of a directory `_lock` has made sure of)."""
     try:
-        directory.mkdir(parents=True, exist_ok=True)
         paths = sorted(path for path in directory.iterdir() if path.name.endswith(_SUFFIX))
     except OSError as exc:
         raise LogError(f"{directory}: cannot open the log directory: {exc}") from None

@@ -37,7 +37,7 @@ class Batch(msgspec.Struct, frozen=True):
 
 
 # Seqs, positions and limits are SQLite integers, which stop here.
-_LARGEST = 2**63 - 1
+LARGEST_SEQ = 2**63 - 1
 
 
 def check_batch(events: Sequence[Envelope], expected_seq: int) -> Batch:
@@ -53,7 +53,7 @@ def check_batch(events: Sequence[Envelope], expected_seq: int) -> Batch:
         raise LogError(f"events must be a sequence of Envelope, got {type(given).__name__}")
     if not events:
         raise LogError("cannot append an empty batch of events")
-    if expected_seq + len(events) > _LARGEST:
+    if expected_seq + len(events) > LARGEST_SEQ:
         raise LogError(f"expected_seq {expected_seq} numbers events past 2**63 - 1")
     first = events[0]
     if not isinstance(first, Envelope):
@@ -106,10 +106,10 @@ async def _yield() -> None:
 
 def check_window(after: int, limit: int | None) -> None:
     """Raise LogError unless `after` is an int >= 0 and `limit` is None or an int >= 0."""
-    if isinstance(after, bool) or not isinstance(after, int) or not 0 <= after <= _LARGEST:
+    if isinstance(after, bool) or not isinstance(after, int) or not 0 <= after <= LARGEST_SEQ:
         raise LogError(f"after must be an int from 0 to 2**63 - 1, got {after!r}")
     if limit is not None and (
-        isinstance(limit, bool) or not isinstance(limit, int) or not 0 <= limit <= _LARGEST
+        isinstance(limit, bool) or not isinstance(limit, int) or not 0 <= limit <= LARGEST_SEQ
     ):
         raise LogError(f"limit must be None or an int from 0 to 2**63 - 1, got {limit!r}")
 

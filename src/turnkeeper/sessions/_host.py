@@ -47,7 +47,7 @@ from turnkeeper.events import (
     replay,
 )
 from turnkeeper.events._gc import gc_paused
-from turnkeeper.events._log import EventLog
+from turnkeeper.events._log import LARGEST_SEQ, EventLog
 from turnkeeper.events._memory_log import MemoryLog
 from turnkeeper.events._messages import text_of
 from turnkeeper.guards import Guard, default_guards
@@ -467,7 +467,7 @@ class Host:
     async def events(self, session_id: str, *, after: int = 0, wait: float = 0.0) -> list[Envelope]:
         """The session's events after seq `after`; if there are none yet, wait up to
         `wait` seconds for one (long-poll)."""
-        if isinstance(after, bool) or not isinstance(after, int) or not 0 <= after < 2**63:
+        if isinstance(after, bool) or not isinstance(after, int) or not 0 <= after <= LARGEST_SEQ:
             raise InputError(f"after: expected an integer from 0 to 2**63 - 1, got {after!r}")
         _check_seconds("wait", wait)
         session = await self._load(session_id)

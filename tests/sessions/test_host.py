@@ -554,6 +554,28 @@ async def test_events_long_poll_times_out_empty() -> None:
         assert len(await host.events(session_id, after=1)) == last - 1
 
 
+async def test_a_stop_ends_long_polls_and_later_ones_do_not_wait() -> None:
+    log = MemoryLog()
+    async with Host(chat=ScriptedChat([text_response("hi")]), log=log) as host:
+        session_id = await host.start(SPEC, "hello")
+        last = (await settle(host, session_id)).seq
+        returned: list[list[Envelope]] = []
+
+        async def poll() -> None:
+            returned.append(await host.events(session_id, after=last, wait=60))
+
+        with anyio.fail_after(5):
+            async with anyio.create_task_group() as group:
+                group.start_soon(poll)
+                await anyio.sleep(0.05)
+                assert returned == []
+                await host.stop()
+            assert returned == [[]]
+            # Nothing more will be logged: a poll after the stop returns at once.
+            assert await host.events(session_id, after=last, wait=60) == []
+            assert len(await host.events(session_id, after=last - 1, wait=60)) == 1
+
+
 async def test_result_waits_until_the_session_is_at_rest() -> None:
     gate = Gate(text_response("finally"))
     async with Host(chat=gate) as host:

@@ -40,6 +40,7 @@ from turnkeeper.events import (
     InputError,
     LogCorrupt,
     ToolCalled,
+    ToolResult,
     ToolReturned,
     replay,
 )
@@ -407,6 +408,114 @@ async def test_a_log_that_refuses_the_failure_still_fails_the_session_in_memory(
             "RuntimeError: boom",
         )
         assert [e.type for e in await log.read(session_id)][-1] == "local.user_message"
+
+
+async def test_a_crash_of_a_retried_model_call_does_not_undo_the_retry() -> None:
+    log = MemoryLog()
+    model = stepper()
+    calls = 0
+
+    async def chat(request: dict[str, Any]) -> dict[str, Any]:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise ChatError("HTTP 400: bad request", transient=False, status=400)
+        if calls == 2:
+            raise RuntimeError("backend bug")
+        return await model(request)
+
+    async with Host(chat=chat, log=log, tools=step_tool(), restart_backoff=0.001) as host:
+        session_id = await host.start(SPEC, prompt_for(1))
+        info = await settle(host, session_id)
+        assert (info.status, info.error) == ("errored", "HTTP 400: bad request")
+        # retry() is not logged: the log still ends in the chat error when the retried
+        # call crashes, yet the restarted session makes the call again.
+        await host.retry(session_id)
+        info = await settle(host, session_id)
+        assert (info.status, info.text, info.error) == ("idle", answer_for(1), None)
+        await check_host(host, log)
+    assert calls == 4
+
+
+async def test_a_chat_error_logged_though_its_append_raised_leaves_the_session_errored() -> None:
+    log = FlakyLog({("local.chat_error", 1): "after"})
+
+    async def chat(request: dict[str, Any]) -> dict[str, Any]:
+        raise ChatError("HTTP 401: bad key", transient=False, status=401)
+
+    async with Host(chat=chat, log=log, restart_backoff=0.001) as host:
+        session_id = await host.start(SPEC, prompt_for(1))
+        info = await settle(host, session_id)
+        assert (info.status, info.error) == ("errored", "HTTP 401: bad key")
+        await check_host(host, log)
+
+
+async def test_a_cancel_the_log_refuses_leaves_the_session_going_on() -> None:
+    log = FlakyLog({("local.cancelled", 1): "before"})
+    model = stepper()
+    entered = anyio.Event()
+    opened = anyio.Event()
+
+    async def chat(request: dict[str, Any]) -> dict[str, Any]:
+        if not opened.is_set():
+            entered.set()
+            await opened.wait()
+        return await model(request)
+
+    async with Host(chat=chat, log=log, tools=step_tool()) as host:
+        session_id = await host.start(SPEC, prompt_for(1))
+        await entered.wait()
+        with pytest.raises(OSError, match=r"cannot append local\.cancelled"):
+            await host.cancel(session_id)
+        opened.set()
+        info = await settle(host, session_id)
+        assert (info.status, info.text) == ("idle", answer_for(1))
+        await host.send(session_id, prompt_for(2))
+        assert (await settle(host, session_id)).text == answer_for(2)
+        await host.cancel(session_id)
+        assert (await host.status(session_id)).status == "cancelled"
+        await check_host(host, log)
+
+
+async def test_a_cancel_its_caller_gives_up_on_leaves_the_session_going_on() -> None:
+    log = MemoryLog()
+    started = anyio.Event()
+
+    async def tools(name: str, args: dict[str, Any], ctx: ToolContext) -> str:
+        if not started.is_set():
+            started.set()
+            try:
+                await anyio.sleep_forever()
+            finally:
+                # Slow to stop: the cancel's caller gives up first.
+                with anyio.CancelScope(shield=True):
+                    await anyio.sleep(0.1)
+        return step_text(int(args["n"]))
+
+    async with Host(chat=stepper(), log=log, tools=tools) as host:
+        session_id = await host.start(SPEC, prompt_for(1))
+        await started.wait()
+        with anyio.move_on_after(0.02) as scope:
+            await host.cancel(session_id)
+        assert scope.cancelled_caught
+        # Nothing says the session was cancelled: its task starts again and runs the
+        # call again (it was logged, not answered).
+        info = await settle(host, session_id)
+        assert (info.status, info.text) == ("idle", answer_for(1))
+        await check_host(host, log)
+
+
+async def test_results_logged_though_their_append_raised_are_taken_up() -> None:
+    log = FlakyLog({("local.tool_result", 1): "after"})
+    async with Host(chat=stepper(), log=log) as host:
+        session_id = await host.start(SPEC, prompt_for(1))
+        assert (await settle(host, session_id)).status == "requires_action"
+        with pytest.raises(OSError, match="not acknowledged"):
+            await host.submit_tool_results(session_id, [ToolResult("step-1", step_text(1))])
+        # The host takes up what the log holds and goes on from there.
+        info = await settle(host, session_id)
+        assert (info.status, info.text) == ("idle", answer_for(1))
+        await check_host(host, log)
 
 
 class Blocker:

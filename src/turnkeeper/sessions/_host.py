@@ -431,15 +431,26 @@ class Host:
         cancels race)."""
         self._check_accepting()
         session = await self._load(session_id)
-        if session.state.status in ("cancelled", "failed"):
-            return
-        session.cancelling = reason
-        if session.running and session.scope is not None:
-            self._end_task(session)
-            await session.done.wait()
-        async with session.lock:
-            if session.state.status not in ("cancelled", "failed"):
-                await self._commit_events(session, [Cancelled(reason=reason)], own=False)
+        try:
+            while session.state.status not in ("cancelled", "failed"):
+                session.cancelling = reason
+                if session.running:
+                    if session.scope is not None:
+                        self._end_task(session)
+                    await session.done.wait()
+                async with session.lock:
+                    # A task started meanwhile (a cancel that failed let it go on): end it.
+                    if not session.running and session.state.status not in ("cancelled", "failed"):
+                        await self._commit_events(session, [Cancelled(reason=reason)], own=False)
+        except BaseException:
+            # The cancel is not logged (the log refused it, or this call was cancelled): the
+            # session goes on as its log says, not stopped for good with nothing to say why.
+            with anyio.CancelScope(shield=True):
+                async with session.lock:
+                    if session.state.status not in ("cancelled", "failed"):
+                        session.cancelling = None
+                        self._wake(session)
+            raise
 
     async def status(self, session_id: str) -> SessionInfo:
         """The session as it is now."""
@@ -478,7 +489,8 @@ class Host:
             changed = session.changed
             found = await self.log.read(session_id, after=after)
             remaining = deadline - anyio.current_time()
-            if found or remaining <= 0:
+            # A stopped host logs nothing more: no point waiting.
+            if found or remaining <= 0 or self._stopping:
                 return found
             with anyio.move_on_after(remaining):
                 await changed.wait()
@@ -493,6 +505,11 @@ class Host:
         self._accepting = False
         self._stopping = True
         limit = self.stop_grace if grace is None else grace
+        for session in self._sessions.values():
+            # Long-polls return now, with whatever the log holds.
+            if session.changed is not None:
+                session.changed.set()
+                session.changed = None
         for session in self._sessions.values():
             if session.backing_off:
                 self._end_task(session)
@@ -588,6 +605,9 @@ class Host:
                 await self._supervise(session)
         finally:
             session.scope = None
+            # Ended by a cancel that then failed, which woke it to go on: a task again.
+            if session.woken and session.cancelling is None:
+                self._spawn(session)
 
     def _end_task(self, session: _Session) -> None:
         """Cancel the session's task, or, in the middle of one of its appends, as soon as
@@ -635,11 +655,16 @@ class Host:
                         session.error = f"cannot rebuild from the log: {exc}"
                         await self._give_up(session)
                         return
+                    # Errored as the log says if it holds more than the crashed task saw
+                    # (a chat error logged, though its append raised); else as it was: a
+                    # retry() of an errored session is not logged, and the crash of the
+                    # retried call must not undo it.
+                    if rebuilt.state.seq != session.state.seq:
+                        session.errored = rebuilt.errored
+                        session.error = rebuilt.error
                     session.state = rebuilt.state
-                    session.errored = rebuilt.errored
                     # Calls that were about to run when it crashed are logged again first.
                     session.announced = {}
-                    session.error = rebuilt.error
                     _log.info(
                         "session.restarted", session_id=session_id, restarts=len(session.crashes)
                     )
@@ -897,16 +922,37 @@ class Host:
         """Make `events` durable, then make `state` (which they lead to) the session's.
         `own`: called in the session's task (else in a caller's, the API's)."""
         if events:
-            await self._append(
-                session.state.session_id,
-                events,
-                expected_seq=session.state.seq,
-                task_of=session if own else None,
-            )
+            try:
+                await self._append(
+                    session.state.session_id,
+                    events,
+                    expected_seq=session.state.seq,
+                    task_of=session if own else None,
+                )
+            except BaseException:
+                if not own:
+                    await self._take_up_log(session)
+                raise
             if session.span is not None:
                 session.span.record(events)
         session.state = state
         self._note(session)
+
+    async def _take_up_log(self, session: _Session) -> None:
+        """After an append from the API raised: if it was written all the same, take up
+        what the log holds (the session's own task does so when it restarts), so that the
+        session goes on from there instead of failing every later append's seq check."""
+        with anyio.CancelScope(shield=True):
+            try:
+                rebuilt = await self._read(session.state.session_id)
+            except (TurnkeeperError, OSError):
+                return
+        if rebuilt.state.seq != session.state.seq:
+            session.state = rebuilt.state
+            session.errored = rebuilt.errored
+            session.error = rebuilt.error
+            self._note(session)
+            self._wake(session)
 
     async def _append(
         self,

@@ -100,6 +100,87 @@ async def test_create_runs_to_the_answer_and_events_page_through() -> None:
         assert seqs == list(range(1, info.seq + 1))
 
 
+async def test_after_and_last_event_id_take_any_seq_up_to_2_63_minus_1() -> None:
+    async with running() as (client, _):
+        session_id = await create(client, {"spec": msgspec.to_builtins(LOOKUP_SPEC), "prompt": "p"})
+        await settled(client, session_id)
+        for after in ("999999999999999999", "1000000000000000000", str(2**63 - 1), "0" * 30 + "7"):
+            response = await client.get(
+                f"/v1/sessions/{session_id}/events", params={"after": after}
+            )
+            assert response.status_code == 200, (after, response.text)
+            assert [
+                e.seq for e in msgspec.json.decode(response.content, type=EventPage).events
+            ] == (
+                []
+                if int(after) > 7
+                else list(range(8, (await settled(client, session_id)).seq + 1))
+            )
+
+
+async def test_racing_result_posts_accept_one_and_refuse_the_rest_as_conflicts() -> None:
+    async with running() as (client, _):
+        _, waiting_body = setup_bodies()
+        for _ in range(5):
+            session_id = await create(client, waiting_body)
+            info = await settled(client, session_id)
+            body = {"results": [{"tool_use_id": use.id, "text": "yes"} for use in info.pending]}
+            codes: list[int] = []
+
+            async def post(path: str, body: dict[str, Any], codes: list[int]) -> None:
+                codes.append((await client.post(path, json=body)).status_code)
+
+            async with anyio.create_task_group() as group:
+                for _ in range(10):
+                    group.start_soon(post, f"/v1/sessions/{session_id}/tool_results", body, codes)
+            assert sorted(codes) == [202] + [409] * 9
+
+
+async def test_a_long_poll_ends_when_its_client_hangs_up() -> None:
+    async with Host(chat=chat, log=MemoryLog(), tools={"lookup": lookup}) as host:
+        app = create_app(host, token=TOKEN, limits=LIMITS, ping_seconds=0.2)
+        session_id = await host.start(LOOKUP_SPEC, "p")
+        seq = (await host.result(session_id, wait=10)).seq
+        hang_up = anyio.Event()
+        asked: list[str] = []
+        sent: list[dict[str, Any]] = []
+
+        async def receive() -> dict[str, Any]:
+            asked.append("receive")
+            if len(asked) == 1:
+                return {"type": "http.request", "body": b"", "more_body": False}
+            await hang_up.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        path = f"/v1/sessions/{session_id}/events"
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": "GET",
+            "scheme": "http",
+            "path": path,
+            "raw_path": path.encode(),
+            "query_string": f"after={seq}&wait=60".encode(),
+            "root_path": "",
+            "headers": [(b"host", b"service"), (b"authorization", f"Bearer {TOKEN}".encode())],
+            "client": ("127.0.0.1", 50000),
+            "server": ("service", 80),
+        }
+        # Ended by the hang-up, not by its 60 s: nothing else happens to the session.
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as group:
+                group.start_soon(app, scope, receive, send)  # type: ignore[arg-type]
+                await anyio.wait_all_tasks_blocked()
+                assert sent == []
+                hang_up.set()
+        assert sent[0]["status"] == 200
+        assert msgspec.json.decode(sent[1]["body"], type=EventPage).events == []
+
+
 async def test_every_bad_request_is_a_4xx_naming_the_field_and_changes_nothing() -> None:
     async with running() as (client, _):
         idle_body, waiting_body = setup_bodies()

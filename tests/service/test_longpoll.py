@@ -1,4 +1,5 @@
-"""Waiting for a client, cut short by a stop: results, errors and the stop itself."""
+"""Waiting for a client, cut short by a stop or the client going away: results, errors,
+the stop and the hang-up."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ async def test_the_call_s_result_comes_back() -> None:
         await anyio.lowlevel.checkpoint()
         return 42
 
-    assert await unless_stopping(anyio.Event(), answer) == 42
+    assert await unless_stopping(anyio.Event(), answer, anyio.sleep_forever) == 42
 
 
 async def test_the_call_s_error_comes_back_unwrapped() -> None:
@@ -27,7 +28,7 @@ async def test_the_call_s_error_comes_back_unwrapped() -> None:
         raise UnknownSession("no session x")
 
     with pytest.raises(UnknownSession, match="no session x"):
-        await unless_stopping(anyio.Event(), fail)
+        await unless_stopping(anyio.Event(), fail, anyio.sleep_forever)
 
 
 async def test_a_stop_cancels_the_wait() -> None:
@@ -47,19 +48,48 @@ async def test_a_stop_cancels_the_wait() -> None:
 
     async with anyio.create_task_group() as group:
         group.start_soon(stop_soon)
-        assert await unless_stopping(stopping, forever) is None
+        assert await unless_stopping(stopping, forever, anyio.sleep_forever) is None
     assert cancelled.is_set()
     stopped = anyio.Event()
     stopped.set()
-    assert await unless_stopping(stopped, forever) is None
+    assert await unless_stopping(stopped, forever, anyio.sleep_forever) is None
+
+
+async def test_a_client_gone_cancels_the_wait() -> None:
+    hung_up = anyio.Event()
+    cancelled = anyio.Event()
+
+    async def forever() -> int:
+        try:
+            await anyio.sleep_forever()
+        finally:
+            cancelled.set()
+        return 0
+
+    async def hang_up_soon() -> None:
+        await anyio.wait_all_tasks_blocked()
+        hung_up.set()
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as group:
+            group.start_soon(hang_up_soon)
+            assert await unless_stopping(anyio.Event(), forever, hung_up.wait) is None
+    assert cancelled.is_set()
 
 
 async def test_events_or_stop_long_polls_the_host() -> None:
     async with Host(chat=chat) as host:
         session_id = await host.start(AgentSpec(), "hi")
         await host.result(session_id, wait=10)
-        found = await events_or_stop(host, session_id, after=0, wait=0, stopping=anyio.Event())
+        found = await events_or_stop(
+            host, session_id, after=0, wait=0, stopping=anyio.Event(), gone=anyio.sleep_forever
+        )
         assert [e.seq for e in found] == list(range(1, len(found) + 1))
         stopping = anyio.Event()
         stopping.set()
-        assert await events_or_stop(host, session_id, after=0, wait=5, stopping=stopping) == []
+        assert (
+            await events_or_stop(
+                host, session_id, after=0, wait=5, stopping=stopping, gone=anyio.sleep_forever
+            )
+            == []
+        )

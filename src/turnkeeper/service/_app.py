@@ -7,6 +7,7 @@ import re
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from contextlib import aclosing
+from functools import partial
 from typing import TypeVar
 
 import anyio
@@ -19,11 +20,12 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from turnkeeper.events import InputError, LogError
+from turnkeeper.events._log import LARGEST_SEQ
 from turnkeeper.service._auth import BearerAuth, check_token
 from turnkeeper.service._errors import ApiError, error_response, validation_error
 from turnkeeper.service._limits import DEFAULT_LIMITS, Limits
 from turnkeeper.service._logging import log as _log
-from turnkeeper.service._longpoll import events_or_stop, unless_stopping
+from turnkeeper.service._longpoll import client_gone, events_or_stop, unless_stopping
 from turnkeeper.service._metrics import CONTENT_TYPE, render_metrics
 from turnkeeper.service._openapi import openapi_document
 from turnkeeper.service._schemas import (
@@ -36,6 +38,7 @@ from turnkeeper.service._schemas import (
     SessionPage,
 )
 from turnkeeper.service._sse import event_stream
+from turnkeeper.service._strict import unknown_field
 from turnkeeper.service._unread import CloseUnreadBodies
 from turnkeeper.sessions import Busy, Host, HostStopped, UnknownSession
 
@@ -159,7 +162,9 @@ class _Api:
         info = await self.host.status(session_id)
         if wait > 0 and info.status == "running":
             settled = await unless_stopping(
-                self.stopping, lambda: self.host.result(session_id, wait=wait)
+                self.stopping,
+                lambda: self.host.result(session_id, wait=wait),
+                partial(client_gone, request),
             )
             info = settled or await self.host.status(session_id)
         return _json(info)
@@ -178,16 +183,22 @@ class _Api:
             self._check_text(
                 f"results[{index}].text", result.text, self.limits.max_tool_result_chars
             )
+        await self._check_waiting(session_id)
+        try:
+            await self.host.submit_tool_results(session_id, body.results)
+        except InputError as exc:
+            # Another request's results may have come first: that is a conflict too.
+            await self._check_waiting(session_id)
+            raise ApiError(422, str(exc), "results") from None
+        return _json(await self.host.status(session_id), 202)
+
+    async def _check_waiting(self, session_id: str) -> None:
+        """A 409 unless the session waits for tool results."""
         info = await self.host.status(session_id)
         if info.status != "requires_action":
             raise ApiError(
                 409, f"session {session_id} is {info.status}, not waiting for tool results"
             )
-        try:
-            await self.host.submit_tool_results(session_id, body.results)
-        except InputError as exc:
-            raise ApiError(422, str(exc), "results") from None
-        return _json(await self.host.status(session_id), 202)
 
     async def cancel(self, request: Request) -> Response:
         session_id = request.path_params["session_id"]
@@ -196,21 +207,26 @@ class _Api:
 
     async def events(self, request: Request) -> Response:
         session_id = request.path_params["session_id"]
-        after = _int_param(request, "after", 0, 0)
+        after = _int_param(request, "after", 0, 0, LARGEST_SEQ)
         wait = self._wait(request)
         limit = _int_param(request, "limit", _DEFAULT_PAGE, 1, self.limits.max_page)
         found = await events_or_stop(
-            self.host, session_id, after=after, wait=wait, stopping=self.stopping
+            self.host,
+            session_id,
+            after=after,
+            wait=wait,
+            stopping=self.stopping,
+            gone=partial(client_gone, request),
         )
         page = found[:limit]
         return _json(EventPage(page, page[-1].seq if page else after))
 
     async def stream(self, request: Request) -> Response:
         session_id = request.path_params["session_id"]
-        after = _int_param(request, "after", 0, 0)
+        after = _int_param(request, "after", 0, 0, LARGEST_SEQ)
         last = request.headers.get("last-event-id")
         if last is not None:
-            after = _parse_int("Last-Event-ID", last.strip(), 0)
+            after = _parse_int("Last-Event-ID", last.strip(), 0, LARGEST_SEQ)
         await self.host.status(session_id)
         return StreamingResponse(
             event_stream(
@@ -269,14 +285,20 @@ class _Api:
                     chunks.append(chunk)
         except ClientDisconnect:
             raise ApiError(400, "body: the client went away while sending it", "body") from None
+        body = b"".join(chunks)
         try:
-            return msgspec.json.decode(b"".join(chunks), type=kind)
+            decoded = msgspec.json.decode(body, type=kind)
         except msgspec.ValidationError as exc:
             raise validation_error(exc) from None
         except msgspec.DecodeError as exc:
             raise ApiError(400, f"body: not valid JSON ({exc})", "body") from None
         except RecursionError:
             raise ApiError(400, "body: the JSON nests too deeply", "body") from None
+        # It decoded as `kind`, so it decodes as plain JSON too.
+        unknown = unknown_field(msgspec.json.decode(body), kind)
+        if unknown is not None:
+            raise ApiError(422, f"{unknown}: unknown field", unknown)
+        return decoded
 
     def _check_text(self, field: str, text: str, limit: int) -> None:
         if len(text) > limit:
@@ -351,7 +373,8 @@ def _parse_int(name: str, raw: str, minimum: int, maximum: int | None = None) ->
     """`raw` as an int in [minimum, maximum], or a 422 naming `name`."""
     bounds = f">= {minimum}" if maximum is None else f"from {minimum} to {maximum}"
     problem = ApiError(422, f"{name}: expected an integer {bounds}, got {raw!r}", name)
-    if not raw.isascii() or not raw.isdigit() or len(raw) > 18:
+    # Digits past the 19 of the largest bound are refused before int() spends time on them.
+    if not raw.isascii() or not raw.isdigit() or len(raw.lstrip("0")) > 19:
         raise problem
     value = int(raw)
     if value < minimum or (maximum is not None and value > maximum):

@@ -1,4 +1,5 @@
-"""Waiting on the host for a client, cut short when the service starts to stop."""
+"""Waiting on the host for a client, cut short when the service starts to stop or the
+client goes away."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import anyio
+from starlette.requests import Request
 
 from turnkeeper.events import Envelope
 from turnkeeper.sessions import Host
@@ -13,9 +15,22 @@ from turnkeeper.sessions import Host
 _T = TypeVar("_T")
 
 
-async def unless_stopping(stopping: anyio.Event, call: Callable[[], Awaitable[_T]]) -> _T | None:
-    """What `call()` returns, or None as soon as `stopping` is set (the call is cancelled),
-    so a shutdown never waits on a client that waits."""
+async def client_gone(request: Request) -> None:
+    """Return once the client of `request`, whose body has been read (or has none), has
+    gone away: the next message the server has for it is the disconnect."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def unless_stopping(
+    stopping: anyio.Event,
+    call: Callable[[], Awaitable[_T]],
+    gone: Callable[[], Awaitable[None]],
+) -> _T | None:
+    """What `call()` returns, or None as soon as `stopping` is set or `gone()` returns (the
+    call is cancelled): a shutdown never waits on a client that waits, and a client that
+    hung up holds nothing (a long-poll would otherwise wait its whole time, and be woken
+    with the live ones)."""
     outcome: list[_T] = []
     failure: list[Exception] = []
     if stopping.is_set():
@@ -34,17 +49,30 @@ async def unless_stopping(stopping: anyio.Event, call: Callable[[], Awaitable[_T
             await stopping.wait()
             group.cancel_scope.cancel()
 
+        async def hang_up() -> None:
+            await gone()
+            group.cancel_scope.cancel()
+
         group.start_soon(run)
         group.start_soon(stop)
+        group.start_soon(hang_up)
     if failure:
         raise failure[0]
     return outcome[0] if outcome else None
 
 
 async def events_or_stop(
-    host: Host, session_id: str, *, after: int, wait: float, stopping: anyio.Event
+    host: Host,
+    session_id: str,
+    *,
+    after: int,
+    wait: float,
+    stopping: anyio.Event,
+    gone: Callable[[], Awaitable[None]],
 ) -> list[Envelope]:
     """The session's events after seq `after`, waiting up to `wait` seconds for one;
-    [] once `stopping` is set."""
-    found = await unless_stopping(stopping, lambda: host.events(session_id, after=after, wait=wait))
+    [] once `stopping` is set or the client has gone."""
+    found = await unless_stopping(
+        stopping, lambda: host.events(session_id, after=after, wait=wait), gone
+    )
     return found or []

@@ -7,6 +7,7 @@ from typing import Any
 
 import msgspec
 
+from turnkeeper.events._log import LARGEST_SEQ
 from turnkeeper.service._limits import Limits
 from turnkeeper.service._schemas import (
     Created,
@@ -56,7 +57,7 @@ def openapi_document(limits: Limits) -> dict[str, Any]:
     after = {
         "name": "after",
         "in": "query",
-        "schema": {"type": "integer", "minimum": 0, "default": 0},
+        "schema": {"type": "integer", "minimum": 0, "maximum": LARGEST_SEQ, "default": 0},
         "description": "Return the events with seq greater than this.",
     }
     limit = {
@@ -172,7 +173,7 @@ def openapi_document(limits: Limits) -> dict[str, Any]:
                     {
                         "name": "Last-Event-ID",
                         "in": "header",
-                        "schema": {"type": "integer", "minimum": 0},
+                        "schema": {"type": "integer", "minimum": 0, "maximum": LARGEST_SEQ},
                         "description": "The seq of the last event received; wins over `after`.",
                     },
                 ],

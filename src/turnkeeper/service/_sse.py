@@ -29,8 +29,14 @@ async def event_stream(
     after each `ping_seconds` without one (so proxies keep the connection open); ends
     when `stopping` is set."""
     while not stopping.is_set():
+        # StreamingResponse itself ends the stream when the client goes away.
         found = await events_or_stop(
-            host, session_id, after=after, wait=ping_seconds, stopping=stopping
+            host,
+            session_id,
+            after=after,
+            wait=ping_seconds,
+            stopping=stopping,
+            gone=anyio.sleep_forever,
         )
         if not found:
             if not stopping.is_set():

@@ -1,0 +1,85 @@
+"""Unknown fields anywhere in a request body.
+
+The top-level body Structs forbid unknown fields, but the types nested in them
+(`AgentSpec`, `ToolSpec`, `ToolResult`, `GuardConfig`...) are also the event log's, which
+must read logs whose events hold fields a later version added: so a request body is
+checked against its type's fields on its own, after it has decoded.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from msgspec import inspect
+
+_SEQUENCES = (inspect.ListType, inspect.VarTupleType, inspect.SetType, inspect.FrozenSetType)
+
+
+def unknown_field(value: Any, kind: type) -> str | None:
+    """The path (`results[0].is_eror`) of the first field of `value`, a body decoded as
+    plain JSON that decodes as `kind`, that `kind` does not have; None if there is none."""
+    return _unknown(value, _info(kind), "")
+
+
+@functools.cache
+def _info(kind: type) -> inspect.Type:
+    return inspect.type_info(kind)
+
+
+def _unknown(value: Any, info: inspect.Type, path: str) -> str | None:
+    if isinstance(info, inspect.Metadata):
+        return _unknown(value, info.type, path)
+    if isinstance(info, inspect.StructType):
+        return _unknown_in_struct(value, info, path) if isinstance(value, dict) else None
+    if isinstance(info, _SEQUENCES) and isinstance(value, list):
+        for index, item in enumerate(value):
+            found = _unknown(item, info.item_type, f"{path}[{index}]")
+            if found is not None:
+                return found
+    elif isinstance(info, inspect.TupleType) and isinstance(value, list):
+        for index, (item, item_type) in enumerate(zip(value, info.item_types, strict=False)):
+            found = _unknown(item, item_type, f"{path}[{index}]")
+            if found is not None:
+                return found
+    elif isinstance(info, inspect.DictType) and isinstance(value, dict):
+        for key, item in value.items():
+            found = _unknown(item, info.value_type, f"{path}.{key}")
+            if found is not None:
+                return found
+    elif isinstance(info, inspect.UnionType):
+        member = _member_for(value, info)
+        if member is not None:
+            return _unknown(value, member, path)
+    return None
+
+
+def _unknown_in_struct(value: dict[str, Any], info: inspect.StructType, path: str) -> str | None:
+    fields = {field.encode_name: field for field in info.fields}
+    for key, item in value.items():
+        field = fields.get(key)
+        if field is None:
+            if key == info.tag_field:
+                continue
+            return f"{path}.{key}".lstrip(".")
+        found = _unknown(item, field.type, f"{path}.{key}")
+        if found is not None:
+            return found
+    return None
+
+
+def _member_for(value: Any, info: inspect.UnionType) -> inspect.Type | None:
+    """The member of a union that `value` decoded as: the Struct its tag names (or the one
+    Struct) for an object, the one sequence type for an array."""
+    if isinstance(value, dict):
+        structs = [t for t in info.types if isinstance(t, inspect.StructType)]
+        if len(structs) == 1:
+            return structs[0]
+        for struct in structs:
+            if struct.tag_field is not None and value.get(struct.tag_field) == struct.tag:
+                return struct
+        return None
+    if isinstance(value, list):
+        sequences = [t for t in info.types if isinstance(t, (*_SEQUENCES, inspect.TupleType))]
+        return sequences[0] if len(sequences) == 1 else None
+    return None

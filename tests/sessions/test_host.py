@@ -554,6 +554,47 @@ async def test_events_long_poll_times_out_empty() -> None:
         assert len(await host.events(session_id, after=1)) == last - 1
 
 
+class CountingLog(MemoryLog):
+    """A MemoryLog counting the reads of session events."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads = 0
+
+    async def read(
+        self, session_id: str, *, after: int = 0, limit: int | None = None
+    ) -> list[Envelope]:
+        self.reads += 1
+        return await super().read(session_id, after=after, limit=limit)
+
+
+async def test_long_polls_woken_by_one_change_share_a_read() -> None:
+    log = CountingLog()
+    async with Host(chat=ScriptedChat([text_response("hi")]), log=log) as host:
+        session_id = await host.start(SPEC, None)
+        last = (await host.status(session_id)).seq
+        found: list[list[Envelope]] = []
+
+        async def poll() -> None:
+            found.append(await host.events(session_id, after=last, wait=30))
+
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as group:
+                for _ in range(100):
+                    group.start_soon(poll)
+                await anyio.wait_all_tasks_blocked()
+                before = log.reads
+                await host.send(session_id, "hello")
+        assert len(found) == 100
+        assert {types(events)[0] for events in found} == {"local.user_message"}
+        # One read for the polls each change woke (the session logged a few changes
+        # while they woke), not one each.
+        assert log.reads - before < 10
+        # Each poll has a list of its own.
+        found[0].clear()
+        assert found[1]
+
+
 async def test_a_stop_ends_long_polls_and_later_ones_do_not_wait() -> None:
     log = MemoryLog()
     async with Host(chat=ScriptedChat([text_response("hi")]), log=log) as host:

@@ -163,6 +163,9 @@ class _Session:
         # `rested` on one that leaves the session at rest (`result`).
         self.changed: anyio.Event | None = None
         self.rested: anyio.Event | None = None
+        # Long-polls' reads of the log in flight, by `after`: one read serves every poll
+        # woken by the same change.
+        self.reads: dict[int, _SharedRead] = {}
         self.done = anyio.Event()
         # The session task's scope. Shielded, so that only the host cancels the task
         # (`_end_task`), never in the middle of one of its appends.
@@ -195,6 +198,18 @@ class _Session:
             mcp = self.mcp
             refusals[use.id] = check_call(state.spec, use) if mcp is None else mcp.refusal(use)
         return refusals[use.id]
+
+
+class _SharedRead:
+    """A read of a session's events after a seq, begun while `changed` was the session's
+    change event: every poll that saw the same event may take its outcome instead of
+    reading again (a poll that saw a later one must read for itself: a change came
+    after this read began)."""
+
+    def __init__(self, changed: anyio.Event) -> None:
+        self.changed = changed
+        self.done = anyio.Event()
+        self.found: list[Envelope] | None = None
 
 
 def _session_of(state: SessionState, last: Envelope) -> _Session:
@@ -487,13 +502,34 @@ class Host:
             if session.changed is None:
                 session.changed = anyio.Event()
             changed = session.changed
-            found = await self.log.read(session_id, after=after)
+            found = await self._read_after(session, after, changed)
             remaining = deadline - anyio.current_time()
             # A stopped host logs nothing more: no point waiting.
             if found or remaining <= 0 or self._stopping:
                 return found
             with anyio.move_on_after(remaining):
                 await changed.wait()
+
+    async def _read_after(
+        self, session: _Session, after: int, changed: anyio.Event
+    ) -> list[Envelope]:
+        """The session's events after seq `after`: from a read another poll began since
+        `changed` became the change event, if there is one, else from a read of its own.
+        (A thousand polls woken by one change made a thousand reads.)"""
+        shared = session.reads.get(after)
+        if shared is not None and shared.changed is changed:
+            await shared.done.wait()
+            if shared.found is not None:
+                return list(shared.found)
+            # It failed, or the poll that began it gave up: read for ourselves.
+        shared = session.reads[after] = _SharedRead(changed)
+        try:
+            shared.found = await self.log.read(session.state.session_id, after=after)
+        finally:
+            if session.reads.get(after) is shared:
+                del session.reads[after]
+            shared.done.set()
+        return list(shared.found)
 
     async def sessions(self) -> list[str]:
         """Every session id in the log, oldest first."""

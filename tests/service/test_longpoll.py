@@ -31,31 +31,9 @@ async def test_the_call_s_error_comes_back_unwrapped() -> None:
         await unless_stopping(anyio.Event(), fail, anyio.sleep_forever)
 
 
-async def test_a_stop_cancels_the_wait() -> None:
+@pytest.mark.parametrize("cause", ["stop", "hang-up"])
+async def test_a_stop_or_a_hang_up_cancels_the_wait(cause: str) -> None:
     stopping = anyio.Event()
-    cancelled = anyio.Event()
-
-    async def forever() -> int:
-        try:
-            await anyio.sleep_forever()
-        finally:
-            cancelled.set()
-        return 0
-
-    async def stop_soon() -> None:
-        await anyio.wait_all_tasks_blocked()
-        stopping.set()
-
-    async with anyio.create_task_group() as group:
-        group.start_soon(stop_soon)
-        assert await unless_stopping(stopping, forever, anyio.sleep_forever) is None
-    assert cancelled.is_set()
-    stopped = anyio.Event()
-    stopped.set()
-    assert await unless_stopping(stopped, forever, anyio.sleep_forever) is None
-
-
-async def test_a_client_gone_cancels_the_wait() -> None:
     hung_up = anyio.Event()
     cancelled = anyio.Event()
 
@@ -66,15 +44,18 @@ async def test_a_client_gone_cancels_the_wait() -> None:
             cancelled.set()
         return 0
 
-    async def hang_up_soon() -> None:
+    async def end_soon() -> None:
         await anyio.wait_all_tasks_blocked()
-        hung_up.set()
+        (stopping if cause == "stop" else hung_up).set()
 
     with anyio.fail_after(5):
         async with anyio.create_task_group() as group:
-            group.start_soon(hang_up_soon)
-            assert await unless_stopping(anyio.Event(), forever, hung_up.wait) is None
+            group.start_soon(end_soon)
+            assert await unless_stopping(stopping, forever, hung_up.wait) is None
     assert cancelled.is_set()
+    stopped = anyio.Event()
+    stopped.set()
+    assert await unless_stopping(stopped, forever, anyio.sleep_forever) is None
 
 
 async def test_events_or_stop_long_polls_the_host() -> None:

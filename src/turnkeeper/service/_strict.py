@@ -9,6 +9,7 @@ checked against its type's fields on its own, after it has decoded.
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
 from typing import Any
 
 from msgspec import inspect
@@ -30,42 +31,37 @@ def _info(kind: type) -> inspect.Type:
 def _unknown(value: Any, info: inspect.Type, path: str) -> str | None:
     if isinstance(info, inspect.Metadata):
         return _unknown(value, info.type, path)
-    if isinstance(info, inspect.StructType):
-        return _unknown_in_struct(value, info, path) if isinstance(value, dict) else None
-    if isinstance(info, _SEQUENCES) and isinstance(value, list):
-        for index, item in enumerate(value):
-            found = _unknown(item, info.item_type, f"{path}[{index}]")
-            if found is not None:
-                return found
-    elif isinstance(info, inspect.TupleType) and isinstance(value, list):
-        for index, (item, item_type) in enumerate(zip(value, info.item_types, strict=False)):
-            found = _unknown(item, item_type, f"{path}[{index}]")
-            if found is not None:
-                return found
-    elif isinstance(info, inspect.DictType) and isinstance(value, dict):
-        for key, item in value.items():
-            found = _unknown(item, info.value_type, f"{path}.{key}")
-            if found is not None:
-                return found
-    elif isinstance(info, inspect.UnionType):
+    if isinstance(info, inspect.UnionType):
         member = _member_for(value, info)
-        if member is not None:
-            return _unknown(value, member, path)
-    return None
-
-
-def _unknown_in_struct(value: dict[str, Any], info: inspect.StructType, path: str) -> str | None:
-    fields = {field.encode_name: field for field in info.fields}
-    for key, item in value.items():
-        field = fields.get(key)
-        if field is None:
-            if key == info.tag_field:
-                continue
-            return f"{path}.{key}".lstrip(".")
-        found = _unknown(item, field.type, f"{path}.{key}")
+        return None if member is None else _unknown(value, member, path)
+    for item, item_info, item_path in _parts(value, info, path):
+        if item_info is None:
+            return item_path.lstrip(".")
+        found = _unknown(item, item_info, item_path)
         if found is not None:
             return found
     return None
+
+
+def _parts(
+    value: Any, info: inspect.Type, path: str
+) -> Iterator[tuple[Any, inspect.Type | None, str]]:
+    """The values inside `value`, each with the type `info` gives it (None for a field
+    a Struct does not have) and its path."""
+    if isinstance(info, inspect.StructType) and isinstance(value, dict):
+        fields = {field.encode_name: field.type for field in info.fields}
+        for key, item in value.items():
+            if key != info.tag_field:
+                yield item, fields.get(key), f"{path}.{key}"
+    elif isinstance(info, _SEQUENCES) and isinstance(value, list):
+        for index, item in enumerate(value):
+            yield item, info.item_type, f"{path}[{index}]"
+    elif isinstance(info, inspect.TupleType) and isinstance(value, list):
+        for index, (item, item_type) in enumerate(zip(value, info.item_types, strict=False)):
+            yield item, item_type, f"{path}[{index}]"
+    elif isinstance(info, inspect.DictType) and isinstance(value, dict):
+        for key, item in value.items():
+            yield item, info.value_type, f"{path}.{key}"
 
 
 def _member_for(value: Any, info: inspect.UnionType) -> inspect.Type | None:

@@ -200,6 +200,19 @@ class _Session:
         return refusals[use.id]
 
 
+def _take_up(session: _Session, rebuilt: _Session) -> bool:
+    """Make `rebuilt` (read from the log) the session's state; True if the log holds more
+    than the session saw. Its errored flag and error are the log's only then (a chat
+    error logged, though its append raised): a retry() of an errored session is not
+    logged, and a crash of the retried call must not undo it."""
+    moved = rebuilt.state.seq != session.state.seq
+    if moved:
+        session.errored = rebuilt.errored
+        session.error = rebuilt.error
+    session.state = rebuilt.state
+    return moved
+
+
 class _SharedRead:
     """A read of a session's events after a seq, begun while `changed` was the session's
     change event: every poll that saw the same event may take its outcome instead of
@@ -691,14 +704,7 @@ class Host:
                         session.error = f"cannot rebuild from the log: {exc}"
                         await self._give_up(session)
                         return
-                    # Errored as the log says if it holds more than the crashed task saw
-                    # (a chat error logged, though its append raised); else as it was: a
-                    # retry() of an errored session is not logged, and the crash of the
-                    # retried call must not undo it.
-                    if rebuilt.state.seq != session.state.seq:
-                        session.errored = rebuilt.errored
-                        session.error = rebuilt.error
-                    session.state = rebuilt.state
+                    _take_up(session, rebuilt)
                     # Calls that were about to run when it crashed are logged again first.
                     session.announced = {}
                     _log.info(
@@ -983,10 +989,7 @@ class Host:
                 rebuilt = await self._read(session.state.session_id)
             except (TurnkeeperError, OSError):
                 return
-        if rebuilt.state.seq != session.state.seq:
-            session.state = rebuilt.state
-            session.errored = rebuilt.errored
-            session.error = rebuilt.error
+        if _take_up(session, rebuilt):
             self._note(session)
             self._wake(session)
 

@@ -6,6 +6,8 @@ import errno
 import gc
 import itertools
 import os
+import threading
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -263,6 +265,8 @@ async def test_without_an_order_file_events_are_ranked_by_time_and_the_order_is_
         ranked = await log.read_all()
         # a#2's clock went back: it still follows a#1, at a#1's time.
         assert [(e.session_id, e.seq) for _, e in ranked] == [("b", 1), ("a", 1), ("a", 2)]
+        # Rewritten on opening, so a log opened beside this one places the same events.
+        assert (tmp_path / "order.idx").read_bytes() == b"b 1\na 2\n"
         await log.append([envelope("b", 2, at=0.1)], expected_seq=1)
         live = await log.read_all()
     assert (tmp_path / "order.idx").read_bytes() == b"b 1\na 2\nb 2\n"
@@ -381,3 +385,174 @@ async def test_opening_leaves_the_collector_as_it_found_it(tmp_path: Path) -> No
     with pytest.raises(LogCorrupt, match=r"not a session log"):
         await JsonlLog(tmp_path).sessions()
     assert gc.isenabled()
+
+
+@pytest.mark.anyio
+async def test_an_open_cancelled_after_taking_the_lock_releases_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    taking = threading.Event()
+    taken = threading.Event()
+    real_lock = jsonl_log._lock
+
+    def slow_lock(directory: Path) -> tuple[int | None, bool]:
+        taking.set()
+        taken.wait()
+        return real_lock(directory)
+
+    monkeypatch.setattr(jsonl_log, "_lock", slow_lock)
+    log = JsonlLog(tmp_path)
+    with anyio.CancelScope() as scope:
+        async with anyio.create_task_group() as group:
+            group.start_soon(log.sessions)
+            await anyio.to_thread.run_sync(taking.wait)
+            scope.cancel()
+            # The thread finishes taking the lock after the cancel.
+            taken.set()
+    monkeypatch.setattr(jsonl_log, "_lock", real_lock)
+    # Neither this log, opened again, nor another one is left only reading the directory.
+    await log.append(run("a", 1, 1), expected_seq=0)
+    await log.close()
+    async with JsonlLog(tmp_path) as other:
+        await other.append([envelope("a", 2)], expected_seq=1)
+        assert await other.read("a") == run("a", 1, 2)
+
+
+@pytest.mark.anyio
+async def test_an_open_that_fails_releases_the_lock(tmp_path: Path) -> None:
+    await write_sessions(tmp_path, {"a": 1})
+    (tmp_path / "order.idx").write_bytes(b"??\n")
+    log = JsonlLog(tmp_path)
+    with pytest.raises(LogCorrupt, match="not an order entry"):
+        await log.sessions()
+    (tmp_path / "order.idx").write_bytes(b"a 1\n")
+    await log.append([envelope("a", 2)], expected_seq=1)
+    await log.close()
+    async with JsonlLog(tmp_path) as other:
+        await other.append([envelope("a", 3)], expected_seq=2)
+
+
+@pytest.mark.anyio
+async def test_a_reader_beside_a_writer_holds_no_append_in_progress(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    written = anyio.Event()
+    release = threading.Event()
+    real_write = jsonl_log._write
+
+    def held_write(path: Path, data: bytes, tail: Any, new_session: bool) -> int:
+        size = real_write(path, data, tail, new_session)
+        if path.name == "b.jsonl":
+            anyio.from_thread.run_sync(written.set)
+            release.wait()
+        return size
+
+    monkeypatch.setattr(jsonl_log, "_write", held_write)
+    async with JsonlLog(tmp_path) as writer, anyio.create_task_group() as group:
+        await writer.append(run("a", 1, 1), expected_seq=0)
+        group.start_soon(partial(writer.append, run("b", 1, 1), expected_seq=0))
+        await written.wait()
+        # b#1 is in its file, but its append has not returned: no reader has it yet.
+        async with JsonlLog(tmp_path) as reader:
+            assert [(p, e.session_id) for p, e in await reader.read_all()] == [(1, "a")]
+            assert await reader.read("b") == []
+            assert await reader.sessions() == ["a"]
+            assert reader.torn == {}
+        release.set()
+    async with JsonlLog(tmp_path) as reader:
+        assert [(p, e.session_id) for p, e in await reader.read_all()] == [(1, "a"), (2, "b")]
+
+
+@pytest.mark.anyio
+async def test_a_reader_stops_at_the_first_order_entry_its_files_do_not_hold(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_load_order = jsonl_log._load_order
+
+    async with JsonlLog(tmp_path) as writer:
+        await writer.append(run("a", 1, 1), expected_seq=0)
+
+        async def append_more() -> None:
+            await writer.append(run("b", 1, 1), expected_seq=0)
+            await writer.append([envelope("a", 2)], expected_seq=1)
+
+        def load_order_later(path: Path) -> tuple[tuple[tuple[str, int], ...], bool]:
+            # The reader has read the session files; the writer appends before the order.
+            anyio.from_thread.run(append_more)
+            return real_load_order(path)
+
+        monkeypatch.setattr(jsonl_log, "_load_order", load_order_later)
+        async with JsonlLog(tmp_path) as reader:
+            # a#2 is in no file the reader read; placing it would give it b#1's position.
+            assert [(p, e.session_id, e.seq) for p, e in await reader.read_all()] == [(1, "a", 1)]
+        monkeypatch.setattr(jsonl_log, "_load_order", real_load_order)
+        expected = await writer.read_all()
+    assert [(p, e.session_id, e.seq) for p, e in expected] == [
+        (1, "a", 1),
+        (2, "b", 1),
+        (3, "a", 2),
+    ]
+
+
+@pytest.mark.anyio
+async def test_readers_opened_while_a_writer_appends_each_hold_a_prefix_of_its_order(
+    tmp_path: Path,
+) -> None:
+    snapshots: list[list[tuple[int, str, int]]] = []
+    done = False
+
+    async def append_sessions(first: int) -> None:
+        for seq in range(1, 21):
+            for index in range(first, first + 5):
+                await writer.append([envelope(f"s{index}", seq)], expected_seq=seq - 1)
+
+    async def read_repeatedly() -> None:
+        while not done:
+            async with JsonlLog(tmp_path) as reader:
+                snapshots.append([(p, e.session_id, e.seq) for p, e in await reader.read_all()])
+
+    async with JsonlLog(tmp_path) as writer:
+        async with anyio.create_task_group() as readers:
+            readers.start_soon(read_repeatedly)
+            async with anyio.create_task_group() as group:
+                for first in range(0, 20, 5):
+                    group.start_soon(append_sessions, first)
+            done = True
+        final = [(p, e.session_id, e.seq) for p, e in await writer.read_all()]
+    assert len(final) == 400
+    assert len(snapshots) > 1
+    for snapshot in snapshots:
+        assert snapshot == final[: len(snapshot)]
+
+
+@pytest.mark.anyio
+async def test_an_order_file_that_cannot_be_written_loses_no_append(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "a.jsonl").write_bytes(encode_jsonl(run("a", 1, 1)))
+    real_replace = jsonl_log._replace_order
+
+    def failing_replace(path: Path, events: list[Envelope]) -> None:
+        raise LogError(f"{path}: cannot rewrite the order file: disk full")
+
+    monkeypatch.setattr(jsonl_log, "_replace_order", failing_replace)
+    with structlog.testing.capture_logs() as logged:
+        async with JsonlLog(tmp_path) as writer:
+            await writer.append([envelope("a", 2)], expected_seq=1)
+            await writer.append(run("b", 1, 1), expected_seq=0)
+            assert [(e.session_id, e.seq) for _, e in await writer.read_all()] == [
+                ("a", 1),
+                ("a", 2),
+                ("b", 1),
+            ]
+            # The order file does not place them, so a reader beside the writer has none.
+            async with JsonlLog(tmp_path) as reader:
+                assert await reader.read_all() == []
+            monkeypatch.setattr(jsonl_log, "_replace_order", real_replace)
+            await writer.append([envelope("b", 2)], expected_seq=1)
+            live = await writer.read_all()
+            async with JsonlLog(tmp_path) as reader:
+                assert await reader.read_all() == live
+    assert [entry["event"] for entry in logged] == ["jsonl log: cannot rewrite the order file"] * 3
+    async with JsonlLog(tmp_path) as log:
+        assert await log.read_all() == live

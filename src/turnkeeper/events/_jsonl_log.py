@@ -82,8 +82,11 @@ class JsonlLog(EventLog):
     positions are exactly stable across restarts and process crashes. Events it does
     not place (their entry lost to an OS crash, or session files copied in) follow
     the placed ones in (time, session id, seq) order, where an event's time is the
-    latest `at` of its session so far; the file is rewritten to match before the
-    next append.
+    latest `at` of its session so far; a writer rewrites the file to match when it
+    opens. A log opened beside a live writer holds what the order file placed when it
+    opened, and nothing the writer was still appending: a prefix of the writer's
+    order, so its positions are the writer's and a reader can tail the directory by
+    opening a new log and calling `read_all(after=...)` with the last position seen.
     """
 
     def __init__(self, directory: str | os.PathLike[str]) -> None:
@@ -106,14 +109,24 @@ class JsonlLog(EventLog):
 
     async def _open(self) -> None:
         # Locked before it is read: what a writer reads, no other writer changes.
-        self._lock_fd = await anyio.to_thread.run_sync(_lock, self.directory)
-        directory = await anyio.to_thread.run_sync(_load_directory, self.directory)
+        self._lock_fd, live_writer = await anyio.to_thread.run_sync(_lock, self.directory)
+        try:
+            directory = await anyio.to_thread.run_sync(_load_directory, self.directory)
+            events, exact = _arrange(directory.files, directory.order, placed_only=live_writer)
+            if self._lock_fd is not None and not (exact and directory.order_clean):
+                # Rewritten now, not at the first append: a reader beside this log trusts it.
+                await anyio.to_thread.run_sync(self._rewrite_order, events)
+        except BaseException:
+            # A failed or cancelled open leaves the directory to the next log that opens it.
+            self._unlock()
+            raise
         self._damaged = directory.damaged
         for session_id, error in directory.damaged.items():
             _logger.error("jsonl log: session unreadable", session_id=session_id, error=str(error))
         for file in directory.files:
             self._tails[file.session_id] = file.tail
-            if file.torn is not None:
+            # Beside a live writer, a torn last line is most likely an append in progress.
+            if file.torn is not None and not live_writer:
                 self.torn[file.session_id] = file.torn
                 _logger.warning(
                     "jsonl log: torn last line skipped",
@@ -122,9 +135,7 @@ class JsonlLog(EventLog):
                     line=file.torn.line,
                     error=file.torn.error,
                 )
-        events, exact = _arrange(directory.files, directory.order)
         self._store.add(events)
-        self._order_stale = not (exact and directory.order_clean)
 
     async def _close(self) -> None:
         while self._in_flight:
@@ -133,6 +144,10 @@ class JsonlLog(EventLog):
         if self._order_fd is not None:
             os.close(self._order_fd)
             self._order_fd = None
+        self._unlock()
+
+    def _unlock(self) -> None:
+        """Release the directory's writer lock if this log holds it."""
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
@@ -210,49 +225,86 @@ class JsonlLog(EventLog):
     def _path(self, session_id: str) -> Path:
         return self.directory / f"{session_id}{_SUFFIX}"
 
+    def _rewrite_order(self, events: list[Envelope]) -> None:
+        """Make the order file place `events` (every event, in global order); if that
+        fails, say so and leave it to the next append to try again."""
+        if self._order_fd is not None:
+            os.close(self._order_fd)
+            self._order_fd = None
+        try:
+            _replace_order(self.directory / _ORDER, events)
+        except LogError as exc:
+            self._order_stale = True
+            _logger.warning("jsonl log: cannot rewrite the order file", error=str(exc))
+        else:
+            self._order_stale = False
+
     def _record_order(self, session_id: str, seq: int) -> None:
         """Note in the order file that the session's events up to `seq` come next.
 
         This runs on the event loop, between a session file's fsync and the events
         joining the store, so the file's order is the store's order. It is a small
-        write to the page cache (no fsync); the rare rewrite happens once per open.
+        write to the page cache (no fsync). If it fails, the events are logged all the
+        same (the session file holds them): the order file is rewritten from the store
+        at the next append, and until then a reader beside this log does not see them.
         """
+        if self._order_stale:
+            self._rewrite_order([envelope for _, envelope in self._store.read_all(0, None)])
+            if self._order_stale:
+                return
         path = self.directory / _ORDER
         try:
-            if self._order_stale:
-                if self._order_fd is not None:
-                    os.close(self._order_fd)
-                    self._order_fd = None
-                temporary = path.with_name(f"{_ORDER}.tmp")
-                temporary.write_bytes(_encode_order(self._store.read_all(0, None)))
-                temporary.replace(path)
-                self._order_stale = False
             if self._order_fd is None:
                 self._order_fd = os.open(
                     path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644
                 )
             os.write(self._order_fd, f"{session_id} {seq}\n".encode())
         except OSError as exc:
-            raise LogError(f"{path}: cannot record the order of an append: {exc}") from None
+            self._order_stale = True
+            _logger.warning(
+                "jsonl log: cannot record the order of an append", path=str(path), error=str(exc)
+            )
 
 
-def _lock(directory: Path) -> int | None:
-    """The directory's writer lock, taken (creating the directory if it is missing), or
-    None if another log holds it, or it cannot be taken here (a read-only directory)."""
+def _lock(directory: Path) -> tuple[int | None, bool]:
+    """Take the directory's writer lock (creating the directory if it is missing).
+
+    Returns the lock's descriptor, or None if this log only reads: another log holds the
+    lock, or it cannot be taken here (a read-only directory). The flag says whether another
+    log holds it, that is, whether a live writer may be appending while this one reads.
+    """
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise LogError(f"{directory}: cannot open the log directory: {exc}") from None
+    path = directory / _LOCK
     try:
-        fd = os.open(directory / _LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     except OSError:
-        return None
+        return None, _held(path)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         os.close(fd)
-        return None
-    return fd
+        return None, True
+    return fd, False
+
+
+def _held(path: Path) -> bool:
+    """Whether a log holds the lock file this process cannot open for writing."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        # No lock file: no log has ever written here.
+        return False
+    try:
+        # A shared lock, dropped at once: it fails only while a writer holds the lock.
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+    return False
 
 
 def _load_directory(directory: Path) -> _Directory:
@@ -261,8 +313,10 @@ def _load_directory(directory: Path) -> _Directory:
         paths = sorted(path for path in directory.iterdir() if path.name.endswith(_SUFFIX))
     except OSError as exc:
         raise LogError(f"{directory}: cannot open the log directory: {exc}") from None
-    order, clean = _load_order(directory / _ORDER)
     files, damaged = _load_files(paths)
+    # Read after the session files: a writer records an append's order after its lines,
+    # so every event this order file places is in the files read (see `_arrange`).
+    order, clean = _load_order(directory / _ORDER)
     return _Directory(files, order, clean, damaged)
 
 
@@ -304,9 +358,15 @@ def _load_order(path: Path) -> tuple[tuple[tuple[str, int], ...], bool]:
 
 
 def _arrange(
-    files: tuple[_SessionFile, ...], order: tuple[tuple[str, int], ...]
+    files: tuple[_SessionFile, ...], order: tuple[tuple[str, int], ...], *, placed_only: bool
 ) -> tuple[list[Envelope], bool]:
-    """Every event in global order, and whether the order file placed exactly all of them."""
+    """Every event in global order, and whether the order file placed exactly all of them.
+
+    With `placed_only` (a live writer may be appending), only the events the order file
+    places, up to its first entry for events not in the files: those were appended after
+    the files were read, and an event after them in the order may yet come before one that
+    is in the files. What is left is a prefix of the writer's order, so positions agree.
+    """
     sessions = {file.session_id: file.events for file in files}
     placed: dict[str, int] = {}
     arranged: list[Envelope] = []
@@ -316,10 +376,14 @@ def _arrange(
         start = placed.get(session_id, 0)
         if not start < seq <= len(events):
             exact = False
+            if placed_only and seq > len(events):
+                break
         end = min(seq, len(events))
         if end > start:
             arranged.extend(events[start:end])
             placed[session_id] = end
+    if placed_only:
+        return arranged, False
     ranked: list[tuple[float, str, int, Envelope]] = []
     for session_id, events in sessions.items():
         first = placed.get(session_id, 0)
@@ -335,14 +399,19 @@ def _arrange(
     return arranged, exact and not ranked
 
 
-def _encode_order(events: list[tuple[int, Envelope]]) -> bytes:
-    """Order file lines for events in global order: one entry per run of one session."""
+def _replace_order(path: Path, events: list[Envelope]) -> None:
+    """Replace the order file with one that places `events` (every event, in global order)."""
     lines: list[bytes] = []
-    for index, (_, envelope) in enumerate(events):
-        following = events[index + 1][1].session_id if index + 1 < len(events) else None
+    for index, envelope in enumerate(events):
+        following = events[index + 1].session_id if index + 1 < len(events) else None
         if following != envelope.session_id:
             lines.append(f"{envelope.session_id} {envelope.seq}\n".encode())
-    return b"".join(lines)
+    temporary = path.with_name(f"{_ORDER}.tmp")
+    try:
+        temporary.write_bytes(b"".join(lines))
+        temporary.replace(path)
+    except OSError as exc:
+        raise LogError(f"{path}: cannot rewrite the order file: {exc}") from None
 
 
 def _load_file(path: Path, session_id: str) -> _SessionFile:

@@ -66,6 +66,14 @@ def make_file_log(request: pytest.FixtureRequest, tmp_path: Path) -> LogFactory:
     return factory(request.param, tmp_path)
 
 
+def nested(depth: int) -> list[Any]:
+    """A list nested `depth` lists deep, built without recursion."""
+    value: list[Any] = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
 def envelope(session_id: str, seq: int, event: AnyEvent | None = None, at: float = 0.0) -> Envelope:
     """An envelope for tests; by default a user message naming its session and seq."""
     body = event if event is not None else MessageReceived(text=f"{session_id}#{seq}")
@@ -217,6 +225,19 @@ async def test_racing_appends_on_one_session_let_exactly_one_win(make_log: LogFa
             0,
             UnloggableEvent,
             "session a seq 1: cannot encode event",
+        ),
+        (
+            [
+                Envelope(
+                    session_id="a",
+                    seq=1,
+                    at=1.0,
+                    event=ChatFailed(error="x", transient=True, response=nested(100_000)),
+                )
+            ],
+            0,
+            UnloggableEvent,
+            "session a seq 1: cannot encode event: .*recursion",
         ),
         (
             [envelope("a", 1), envelope("a", 2, at=math.inf)],

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from turnkeeper.events import ToolUse
 from turnkeeper.events._messages import (
+    MAX_ARGUMENT_DEPTH,
     call_key,
     canonical_args,
     decode_arguments,
@@ -20,10 +21,29 @@ from turnkeeper.events._messages import (
     gist,
     key_arguments,
     last_tool_result,
+    nests_deeper,
     text_of,
     tool_message,
     tool_uses_of,
 )
+
+TOO_DEEP = (
+    f"arguments are nested too deeply (more than {MAX_ARGUMENT_DEPTH} levels of objects and arrays)"
+)
+
+
+def nested_text(levels: int) -> str:
+    """JSON text of an object `levels` objects deep: `{"a":{"a":1}}` for 2."""
+    return '{"a":' * levels + "1" + "}" * levels
+
+
+def nested_value(levels: int) -> dict[str, Any]:
+    """The value `nested_text(levels)` decodes to, built without recursion."""
+    value: Any = 1
+    for _ in range(levels):
+        value = {"a": value}
+    assert isinstance(value, dict)
+    return value
 
 
 def test_a_dict_of_arguments_is_used_as_is() -> None:
@@ -80,8 +100,90 @@ def test_arguments_of_other_types_decode_to_empty_with_a_reason(arguments: Any, 
     assert decode_arguments(arguments) == ({}, f"arguments must be a JSON object, got {kind}")
 
 
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        pytest.param(nested_text(600), id="objects 600 deep"),
+        pytest.param(nested_text(100_000), id="objects 100k deep"),
+        pytest.param("[" * 100_000, id="arrays 100k deep, never closed"),
+        pytest.param('{"a":' + "[" * 100_000 + "]" * 100_000 + "}", id="arrays 100k deep inside"),
+        pytest.param(nested_text(MAX_ARGUMENT_DEPTH + 1), id="one level too deep"),
+    ],
+)
+def test_arguments_nested_too_deep_decode_to_empty_with_a_reason_quoting_them(
+    arguments: str,
+) -> None:
+    assert decode_arguments(arguments) == ({}, f"{TOO_DEEP}: {arguments[:200]!r}")
+
+
+def test_arguments_nested_to_the_limit_decode() -> None:
+    deepest = nested_text(MAX_ARGUMENT_DEPTH)
+    assert decode_arguments(deepest) == (nested_value(MAX_ARGUMENT_DEPTH), None)
+    # Arrays are levels too.
+    arrays = MAX_ARGUMENT_DEPTH - 1
+    in_arrays = '{"a":' + "[" * arrays + "]" * arrays + "}"
+    assert decode_arguments(in_arrays)[1] is None
+    too_deep = '{"a":' + "[" * (arrays + 1) + "]" * (arrays + 1) + "}"
+    assert decode_arguments(too_deep) == ({}, f"{TOO_DEEP}: {too_deep!r}")
+    # Brackets inside strings are not levels.
+    assert decode_arguments(json.dumps({"a": "{[" * 1000})) == ({"a": "{[" * 1000}, None)
+
+
+def test_a_dict_of_arguments_nested_too_deep_is_refused() -> None:
+    deepest = nested_value(MAX_ARGUMENT_DEPTH)
+    decoded, error = decode_arguments(deepest)
+    assert decoded is deepest
+    assert error is None
+    assert decode_arguments(nested_value(MAX_ARGUMENT_DEPTH + 1)) == ({}, TOO_DEEP)
+    assert decode_arguments(nested_value(100_000)) == ({}, TOO_DEEP)
+
+
+@pytest.mark.parametrize(
+    ("value", "depth"),
+    [
+        (1, 0),
+        ("[[[", 0),
+        ({}, 1),
+        ([], 1),
+        ((), 1),
+        ({"a": 1, "b": "x"}, 1),
+        ({"a": [1, {"b": ()}]}, 4),
+        ([[], [[[]]], {}], 4),
+    ],
+)
+def test_nests_deeper_counts_levels_of_dicts_lists_and_tuples(value: object, depth: int) -> None:
+    assert not nests_deeper(value, depth)
+    assert depth == 0 or nests_deeper(value, depth - 1)
+
+
+def test_nests_deeper_stops_past_the_limit_without_recursing() -> None:
+    value: list[Any] = []
+    for _ in range(100_000):
+        value = [value]
+    assert nests_deeper(value, MAX_ARGUMENT_DEPTH)
+    assert not nests_deeper(value, 100_001)
+
+
+def test_a_call_with_arguments_nested_too_deep_is_a_bad_call_with_a_key() -> None:
+    arguments = "[" * 100_000
+    function = {"name": "s", "arguments": arguments}
+    message = {"role": "assistant", "tool_calls": [{"id": "a", "function": function}]}
+    (use,) = tool_uses_of(message)
+    assert use == ToolUse("a", "s", {}, f"{TOO_DEEP}: {arguments[:200]!r}")
+    assert call_key(use.name, use.input) == "s\x1f{}"
+
+
 @settings(max_examples=300, deadline=None)
-@given(st.one_of(st.text(), st.binary(), st.integers(), st.none(), st.lists(st.integers())))
+@given(
+    st.one_of(
+        st.text(),
+        st.binary(),
+        st.integers(),
+        st.none(),
+        st.lists(st.integers()),
+        st.builds(str.__mul__, st.sampled_from(["[", '{"a":', '{"a":["']), st.integers(0, 5000)),
+    )
+)
 def test_decode_arguments_never_raises(arguments: Any) -> None:
     decoded, error = decode_arguments(arguments)
     assert isinstance(decoded, dict)

@@ -94,6 +94,20 @@ def test_a_reply_ignoring_the_last_failed_call_is_sent_back_once() -> None:
     assert correct_reply(again) is CONTINUE
 
 
+def test_a_tool_result_nested_too_deep_to_read_is_no_failure() -> None:
+    deep = {"role": "tool", "tool_call_id": "c1", "content": '{"error": ' + "[" * 100_000}
+    state = state_with([{"role": "user", "content": "q"}, deep])
+    view = GuardView("after_response", state, 0.0, reply=reply("Done! All set."))
+    assert correct_reply(view) is CONTINUE
+
+
+def test_a_failure_whose_error_is_not_text_is_quoted_as_the_result() -> None:
+    content = json.dumps({"error": {"code": 429}, "isError": True})
+    state = state_with([{"role": "user", "content": "q"}, {**error_tool(""), "content": content}])
+    verdict = correct_reply(GuardView("after_response", state, 0.0, reply=reply("Done!")))
+    assert f"the last tool call failed: {content}." in verdict.directives[0].text
+
+
 @pytest.mark.parametrize(
     ("text", "tool"),
     [

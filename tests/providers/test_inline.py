@@ -214,6 +214,25 @@ def test_history_calls_and_results_become_plain_turns() -> None:
     ]
 
 
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        pytest.param("[" * 100_000, id="arrays 100k deep"),
+        pytest.param('{"a":' * 65 + "1" + "}" * 65, id="objects 65 deep"),
+    ],
+)
+def test_history_calls_with_arguments_nested_too_deep_show_empty_arguments(
+    arguments: str,
+) -> None:
+    called = tool_response(("add", arguments, "c1"))
+    answered = {"role": "tool", "tool_call_id": "c1", "content": "bad arguments"}
+    sent = inline_request(request(SYSTEM, ASK, message_of(called), answered), grammar=False)
+    assert sent["messages"][2:] == [
+        {"role": "assistant", "content": '{"name": "add", "arguments": {}}'},
+        {"role": "user", "content": "Result of add: bad arguments"},
+    ]
+
+
 def test_assistant_text_beside_calls_is_kept_and_parts_are_flattened() -> None:
     called = tool_response(("add", {"a": 1, "b": 1}, "c1"), content="Adding.")
     parts = {"role": "user", "content": [{"type": "text", "text": "What is "}, {"text": "1+1?"}]}
@@ -294,6 +313,26 @@ def test_an_answer_object_becomes_the_content() -> None:
     assert response["choices"][0]["finish_reason"] == "stop"
     structured = inline_response(reply('{"answer": {"sum": 5}}'), request(ASK))
     assert message_of(structured)["content"] == '{"sum": 5}'
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param('{"answer": ' + "[" * 100_000 + "]" * 100_000 + "}", id="100k deep"),
+        pytest.param('{"answer": ' + "[" * 200 + "]" * 200 + "}", id="200 deep"),
+    ],
+)
+def test_an_answer_nested_too_deep_stays_prose(text: str) -> None:
+    response = inline_response(reply(text), request(ASK))
+    assert message_of(response) == {"role": "assistant", "content": text}
+    assert response["choices"][0]["finish_reason"] == "stop"
+
+
+def test_a_call_with_arguments_nested_too_deep_is_unreadable() -> None:
+    text = '{"name": "add", "arguments": ' + '{"a": ' * 65 + "1" + "}" * 66
+    response = inline_response(reply(text), request(ASK))
+    assert message_of(response) == {"role": "assistant", "content": text}
+    assert response["turnkeeper"] == {"reply_text": text, "unreadable": True}
 
 
 def test_prose_stays_content_beside_a_call() -> None:

@@ -50,6 +50,14 @@ def request(**extra: Any) -> dict[str, Any]:
     return {"model": "spec-model", "messages": MESSAGES, "tools": [], **extra}
 
 
+def nested(levels: int) -> list[Any]:
+    """A list `levels` lists deep: `[[1]]` for 2."""
+    value: list[Any] = [1]
+    for _ in range(levels - 1):
+        value = [value]
+    return value
+
+
 @asynccontextmanager
 async def serving(*script: Behaviour) -> AsyncIterator[ChatServer]:
     """A server, and the shared pooled client closed before the event loop ends."""
@@ -217,6 +225,10 @@ async def test_a_long_error_message_is_truncated() -> None:
         ({"error": {"message": "model is overloaded"}}, "the server said: model is overloaded"),
         ({"choices": [{"index": 0, "finish_reason": "stop"}]}, "no message"),
         ({"choices": [{"message": "hi"}]}, "no message"),
+        ("[" * 100_000, "nested more than 128 levels deep"),
+        ('{"choices": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested more than 128 levels deep"),
+        # Deep enough to refuse, not so deep that decoding it fails.
+        (completion(extra=nested(128)), "nested more than 128 levels deep"),
     ],
 )
 async def test_a_malformed_response_is_a_permanent_error(
@@ -227,6 +239,24 @@ async def test_a_malformed_response_is_a_permanent_error(
     assert not error.transient
     assert error.message.startswith("malformed response: ")
     assert what in error.message
+
+
+async def test_a_response_nested_to_the_limit_is_returned_verbatim() -> None:
+    body = completion(extra=nested(127))
+    async with serving(Reply(200, body)) as server:
+        assert await OpenAIChat(server.base_url)(request()) == body
+
+
+@pytest.mark.parametrize(("status", "transient"), [(500, True), (400, False)])
+async def test_an_error_body_nested_too_deep_is_quoted_as_text(
+    status: int, transient: bool
+) -> None:
+    body = '{"error": ' + "[" * 100_000
+    async with serving(Reply(status, body)) as server:
+        error = await failure(OpenAIChat(server.base_url))
+    assert (error.status, error.transient) == (status, transient)
+    assert f"HTTP {status}" in error.message
+    assert body[:300] + "..." in error.message
 
 
 async def test_a_slow_response_times_out_as_a_transient_error() -> None:

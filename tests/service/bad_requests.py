@@ -43,6 +43,18 @@ CASES = [
         "body",
         content=b'{"history": [{"content": ' + b"[" * 20_000 + b"]" * 20_000 + b"}]}",
     ),
+    BadRequest(
+        "JSON deeper than the limit",
+        "POST",
+        "/v1/sessions",
+        400,
+        "body",
+        # It decodes: only the depth is wrong.
+        content=b'{"history": [{"role": "user", "content": "hi", "x": '
+        + b"[" * 200
+        + b"]" * 200
+        + b"}]}",
+    ),
     BadRequest("array body", "POST", "/v1/sessions", 422, "body", body=["prompt"]),
     BadRequest("wrong type", "POST", "/v1/sessions", 422, "prompt", body={"prompt": 5}),
     BadRequest("unknown field", "POST", "/v1/sessions", 422, "promt", body={"promt": "x"}),

@@ -18,6 +18,7 @@ from tests.service.server_main import ASK_SPEC, LIMITS, LOOKUP_SPEC, answer_for,
 from turnkeeper.events import LogError
 from turnkeeper.events._log import Batch
 from turnkeeper.events._memory_log import MemoryLog
+from turnkeeper.events._messages import MAX_JSON_DEPTH
 from turnkeeper.service import ErrorBody, EventPage, Limits, create_app
 from turnkeeper.sessions import Chat, Host, SessionInfo
 
@@ -188,6 +189,29 @@ async def test_every_bad_request_is_a_4xx_naming_the_field_and_changes_nothing()
             response = await send_case(client, case, idle=idle, waiting=waiting)
             check_error(case, response.status_code, response.content)
             assert await snapshot(client, [idle, waiting]) == before, case.name
+
+
+async def test_a_body_nested_to_the_limit_is_taken_and_one_level_deeper_is_refused() -> None:
+    def body(levels: int) -> dict[str, Any]:
+        """A create body nesting `levels` levels deep: a history message's extra field
+        (itself at level 4) holds the lists that make up the rest."""
+        value: list[Any] = []
+        for _ in range(levels - 4):
+            value = [value]
+        message = {"role": "user", "content": "hi", "x": value}
+        return {"history": [{"role": "system", "content": "s"}, message], "prompt": "p1"}
+
+    async with running() as (client, _):
+        session_id = await create(client, body(MAX_JSON_DEPTH))
+        info = await settled(client, session_id)
+        assert (info.status, info.text) == ("idle", "echo: p1")
+        refused = await client.post("/v1/sessions", json=body(MAX_JSON_DEPTH + 1))
+        assert refused.status_code == 400
+        error = {
+            "message": f"body: the JSON nests more than {MAX_JSON_DEPTH} levels",
+            "field": "body",
+        }
+        assert refused.json() == {"error": error}
 
 
 async def send_case(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -38,7 +39,9 @@ from turnkeeper.events import (
     ToolSpec,
     ToolUse,
 )
+from turnkeeper.events._jsonl_log import JsonlLog
 from turnkeeper.events._memory_log import MemoryLog
+from turnkeeper.events._sqlite_log import SqliteLog
 from turnkeeper.providers import ScriptedChat, text_response, tool_response
 from turnkeeper.sessions import Busy, Host, HostStopped, UnknownSession
 from turnkeeper.tools._handlers import ToolContext
@@ -492,6 +495,57 @@ async def test_a_malformed_response_is_errored_with_the_response_kept() -> None:
         assert isinstance(last.event, ChatFailed)
         assert last.event.response == {"nothing": "useful"}
         await check_consistent(host, log, session_id)
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        pytest.param('{"n":' * 600 + "1" + "}" * 600, id="objects 600 deep"),
+        pytest.param("[" * 100_000, id="arrays 100k deep"),
+    ],
+)
+@pytest.mark.parametrize("kind", ["sqlite", "jsonl"])
+async def test_a_call_with_arguments_nested_too_deep_gets_an_error_and_the_session_goes_on(
+    arguments: str, kind: str, tmp_path: Path
+) -> None:
+    ran: list[dict[str, Any]] = []
+
+    async def step(name: str, args: dict[str, Any], ctx: ToolContext) -> str:
+        ran.append(args)
+        return "ran"
+
+    chat = ScriptedChat([tool_response(("step", arguments, "deep")), text_response("gave up")])
+    path = tmp_path / "log"
+    async with (
+        SqliteLog(path) if kind == "sqlite" else JsonlLog(path) as log,
+        Host(chat=chat, log=log, tools=step) as host,
+    ):
+        session_id = await host.start(SPEC, "take 1 steps")
+        info = await settle(host, session_id)
+        assert (info.status, info.text, info.error) == ("idle", "gave up", None)
+        assert "session_crashes" not in host.counters
+        events = await log.read(session_id)
+        assert check_log(events) == host._sessions[session_id].state
+    async with SqliteLog(path) if kind == "sqlite" else JsonlLog(path) as reopened:
+        assert await reopened.read(session_id) == events
+    assert ran == []
+    assert types(events) == [
+        "local.session_opened",
+        "local.user_message",
+        "local.model_response",
+        "local.tool_result",
+        "local.tool_results",
+        "local.model_response",
+    ]
+    # The reply is logged as the model gave it, and its call answered with an error.
+    reply, answer = events[2].event, events[3].event
+    assert isinstance(reply, ModelResponded)
+    assert reply.message["tool_calls"][0]["function"]["arguments"] == arguments
+    assert isinstance(answer, ToolReturned)
+    assert (answer.tool_call_id, answer.is_error) == ("deep", True)
+    assert answer.text.startswith("Error: arguments are nested too deeply (more than 64 levels")
+    sent = chat.requests[1]["messages"][-1]
+    assert (sent["tool_call_id"], json.loads(sent["content"])["error"]) == ("deep", answer.text)
 
 
 async def test_send_after_idle_starts_a_new_episode() -> None:

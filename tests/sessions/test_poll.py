@@ -28,6 +28,7 @@ from turnkeeper.events import (
     fold,
     replay,
 )
+from turnkeeper.events._messages import text_of
 from turnkeeper.providers import ScriptedChat, text_response, tool_response, with_retry
 from turnkeeper.sessions import (
     Kickoff,
@@ -529,6 +530,32 @@ async def test_a_response_that_cannot_be_logged_is_malformed_not_a_crash() -> No
     with pytest.raises(ChatError, match="cannot be logged as JSON") as caught:
         await poll_turn(open_session(SPEC), Kickoff("go"), chat)
     decode_jsonl(encode_jsonl(caught.value.events))
+
+
+@pytest.mark.parametrize("depth", [129, 100_000])
+async def test_a_response_nested_too_deeply_is_malformed_not_a_crash(depth: int) -> None:
+    response: Any = text_response("hi")
+    for _ in range(depth):
+        response = {"choices": response["choices"], "extra": response}
+
+    async def chat(request: dict[str, Any]) -> Any:
+        return response
+
+    with pytest.raises(ChatError, match="nests more than 128 levels deep") as caught:
+        await poll_turn(open_session(SPEC), Kickoff("go"), chat)
+    failed = caught.value.events[-1].event
+    assert isinstance(failed, ChatFailed)
+    assert failed.response == "a dict nested more than 128 levels deep"
+    decode_jsonl(encode_jsonl(caught.value.events))
+
+
+async def test_a_response_nested_as_deep_as_allowed_is_logged() -> None:
+    response: Any = text_response("hi")
+    for _ in range(120):
+        response = {"choices": response["choices"], "extra": response}
+    events, state = await poll_turn(open_session(SPEC), Kickoff("go"), ScriptedChat([response]))
+    assert text_of(state.history[-1]) == "hi"
+    assert replay(decode_jsonl(encode_jsonl(events)).events) == state
 
 
 async def test_terminal_tool_arguments_are_coerced_safely_before_finishing() -> None:

@@ -287,6 +287,52 @@ def test_long_adversarial_text_is_read_as_content(reply: str) -> None:
     assert parsed.content == reply
 
 
+def nested_arguments(levels: int) -> str:
+    """JSON arguments `levels` objects deep: `{"a": {"a": 1}}` for 2."""
+    return '{"a": ' * levels + "1" + "}" * levels
+
+
+BARE_CALL = '{"name": "f", "arguments": {}}'
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        pytest.param(
+            "<tool_call>" + "[" * 900 + BARE_CALL + "]" * 900 + "</tool_call>", id="in 900 lists"
+        ),
+        pytest.param(
+            "<tool_call>" + '{"tool_calls": [' * 400 + BARE_CALL + "]}" * 400 + "</tool_call>",
+            id="in 400 tool_calls",
+        ),
+        pytest.param(
+            "<tool_call>" + "[" * 65 + BARE_CALL + "]" * 65 + "</tool_call>", id="in 65 lists"
+        ),
+        pytest.param('{"name": "f", "arguments": ' + nested_arguments(65) + "}", id="arguments"),
+        pytest.param(
+            '{"name": "f", "arguments": ' + json.dumps(nested_arguments(65)) + "}",
+            id="arguments as a string",
+        ),
+        pytest.param("[f(a=" + "[" * 64 + "]" * 64 + ")]", id="pythonic arguments"),
+    ],
+)
+def test_calls_nested_too_deep_are_unreadable(reply: str) -> None:
+    assert parse_tool_calls(reply) == ParsedReply(content=reply, calls=(), unreadable=True)
+
+
+def test_lists_nested_too_deep_in_a_fence_are_not_calls() -> None:
+    reply = "```json\n" + "[" * 900 + BARE_CALL + "]" * 900 + "\n```"
+    assert parse_tool_calls(reply) == ParsedReply(content=reply, calls=(), unreadable=False)
+
+
+def test_calls_nested_to_the_limit_are_read() -> None:
+    in_lists = "<tool_call>" + "[" * 64 + BARE_CALL + "]" * 64 + "</tool_call>"
+    assert parse_tool_calls(in_lists).calls == (call("f"),)
+    deepest = nested_arguments(64)
+    reply = '{"name": "f", "arguments": ' + deepest + "}"
+    assert parse_tool_calls(reply).calls == (ParsedCall("f", json.loads(deepest)),)
+
+
 def test_calls_after_long_prose_are_found() -> None:
     prose = "word {braces} and [brackets] and (parens) " * 5_000
     parsed = parse_tool_calls(prose + '{"name": "get_weather", "arguments": {"city": "Paris"}}')

@@ -66,6 +66,8 @@ def parse_guards(config: str) -> GuardChanges:
         raw = msgspec.json.decode(data)
     except msgspec.DecodeError as exc:
         raise InputError(f"--guards: not valid JSON: {exc}") from None
+    except RecursionError:  # msgspec's decoder, on nesting deeper than the stack allows
+        raise InputError("--guards: the JSON nests too deeply") from None
     if not isinstance(raw, dict):
         raise InputError(f"--guards: expected a JSON object, got {type(raw).__name__}")
     unknown = _unknown_field(raw, msgspec.inspect.type_info(GuardConfig), "$")

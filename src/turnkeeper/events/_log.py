@@ -74,7 +74,7 @@ def check_batch(events: Sequence[Envelope], expected_seq: int) -> Batch:
             raise SeqError(session_id, envelope.seq, seq)
         try:
             lines.append(encode_envelope(envelope))
-        except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as exc:
+        except (TypeError, ValueError, OverflowError, RecursionError, msgspec.EncodeError) as exc:
             raise UnloggableEvent(
                 f"session {session_id} seq {envelope.seq}: cannot encode event: {exc}"
             ) from None

@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 
 from turnkeeper.events._types import Message, ToolUse
+
+MAX_ARGUMENT_DEPTH: Final = 64
+"""How deep a tool call's arguments may nest (the arguments object is level 1); deeper ones
+are bad arguments. Decoding, encoding, repr and the log's round trip recurse once per level,
+validation against a recursive schema 4 to 6 stack frames a level, and each fails when the
+stack reaches Python's limit of 1000 frames: past about 950 levels (160 for that validation)
+at the top of a stack, fewer deeper in one."""
+MAX_JSON_DEPTH: Final = 2 * MAX_ARGUMENT_DEPTH
+"""How deep a model response or a request body may nest: room for arguments at their
+deepest inside one, and still far below where anything recursing over it fails."""
 
 _canonical = msgspec.json.Encoder(order="sorted")
 _compact = msgspec.json.Encoder()
@@ -15,6 +25,10 @@ _decode = msgspec.json.Decoder().decode
 # What encoding arguments that JSON cannot hold raises.
 _UNENCODABLE = (TypeError, msgspec.EncodeError, OverflowError, ValueError)
 _SEQUENCES = (list, tuple)
+_CONTAINERS = (dict, list, tuple)
+_TOO_DEEP: Final = (
+    f"arguments are nested too deeply (more than {MAX_ARGUMENT_DEPTH} levels of objects and arrays)"
+)
 
 
 def canonical_args(arguments: dict[str, Any]) -> str:
@@ -45,8 +59,25 @@ def text_of(message: Message) -> str | None:
     return None
 
 
+def nests_deeper(value: object, limit: int) -> bool:
+    """Whether `value` holds dicts, lists or tuples more than `limit` levels deep (one alone
+    is 1 level). Walks a level at a time, not recursively, and stops past `limit`."""
+    level = [value] if isinstance(value, _CONTAINERS) else []
+    for _ in range(limit):
+        if not level:
+            return False
+        level = [
+            item
+            for container in level
+            for item in (container.values() if isinstance(container, dict) else container)
+            if isinstance(item, _CONTAINERS)
+        ]
+    return bool(level)
+
+
 def decode_arguments(arguments: object) -> tuple[dict[str, Any], str | None]:
-    """A tool call's arguments as a dict, and why they were replaced by `{}` if they were bad."""
+    """A tool call's arguments as a dict, and why they were replaced by `{}` if they were bad
+    (not JSON, not an object, or nested more than MAX_ARGUMENT_DEPTH levels deep)."""
     if isinstance(arguments, str):
         # Decoded first: a blank string is the only one that fails and is not an error.
         try:
@@ -55,13 +86,20 @@ def decode_arguments(arguments: object) -> tuple[dict[str, Any], str | None]:
             if not arguments.strip():
                 return {}, None
             return {}, f"arguments are not valid JSON ({exc}): {arguments[:200]!r}"
-        if isinstance(value, dict):
-            return value, None
-        return (
-            {},
-            f"arguments must be a JSON object, got {type(value).__name__}: {arguments[:200]!r}",
-        )
+        except RecursionError:  # msgspec's decoder, on nesting deeper than the stack allows
+            return {}, f"{_TOO_DEEP}: {arguments[:200]!r}"
+        if not isinstance(value, dict):
+            kind = type(value).__name__
+            return {}, f"arguments must be a JSON object, got {kind}: {arguments[:200]!r}"
+        # Each level opens a bracket: with no more brackets than levels allowed (as in
+        # nearly every call), there is nothing to walk.
+        brackets = arguments.count("{") + arguments.count("[")
+        if brackets > MAX_ARGUMENT_DEPTH and nests_deeper(value, MAX_ARGUMENT_DEPTH):
+            return {}, f"{_TOO_DEEP}: {arguments[:200]!r}"
+        return value, None
     if isinstance(arguments, dict):
+        if nests_deeper(arguments, MAX_ARGUMENT_DEPTH):
+            return {}, _TOO_DEEP
         return arguments, None
     if arguments is None:
         return {}, None

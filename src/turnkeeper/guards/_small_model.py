@@ -115,11 +115,13 @@ def _last_failure(history: tuple[Message, ...]) -> str | None:
                 return None
             try:
                 decoded = msgspec.json.decode(content)
-            except msgspec.DecodeError:
+            except (msgspec.DecodeError, RecursionError):  # RecursionError: nested too deep
                 return None
-            if isinstance(decoded, dict) and decoded.get("isError") is True:
-                return str(decoded.get("error"))
-            return None
+            if not (isinstance(decoded, dict) and decoded.get("isError") is True):
+                return None
+            error = decoded.get("error")
+            # Not str() of anything else: its repr recurses as deep as the value nests.
+            return error if isinstance(error, str) else content
         if role == "user" and not (text_of(message) or "").startswith(CORRECTION):
             return None
     return None

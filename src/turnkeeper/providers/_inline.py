@@ -19,6 +19,7 @@ import json
 import re
 from typing import Any, Final
 
+from turnkeeper.events._messages import MAX_ARGUMENT_DEPTH, MAX_JSON_DEPTH, nests_deeper
 from turnkeeper.events._policy import FINAL_TURN_LEAD
 from turnkeeper.providers._chat import Chat
 from turnkeeper.tools import ParsedCall, ParsedReply, parse_tool_calls
@@ -322,7 +323,8 @@ def _plain_history(messages: list[Any]) -> list[dict[str, Any]]:
 
 
 def _call_parts(call: Any) -> tuple[str, Any, str]:
-    """A tool call's name, decoded arguments (`{}` if unreadable) and id."""
+    """A tool call's name, decoded arguments (`{}` if unreadable or nested more than
+    MAX_ARGUMENT_DEPTH levels deep, as the session took them) and id."""
     call = call if isinstance(call, dict) else {}
     function = call.get("function")
     function = function if isinstance(function, dict) else {}
@@ -331,8 +333,10 @@ def _call_parts(call: Any) -> tuple[str, Any, str]:
     if isinstance(raw, str):
         try:
             arguments = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):
             arguments = {}
+    if nests_deeper(arguments, MAX_ARGUMENT_DEPTH):
+        arguments = {}
     return str(function.get("name")), arguments, str(call.get("id"))
 
 
@@ -366,12 +370,15 @@ def _answer_of(text: str) -> str | None:
     """The answer's text when `text` is exactly `{"answer": ...}`, else None."""
     try:
         value = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested too deeply to read
         return None
     if not isinstance(value, dict) or set(value) != {_ANSWER_KEY}:
         return None
     answer = value[_ANSWER_KEY]
-    return answer if isinstance(answer, str) else json.dumps(answer, ensure_ascii=False)
+    if isinstance(answer, str):
+        return answer
+    # Too deep to write back out safely: then it is no answer, and the text is prose.
+    return None if nests_deeper(answer, MAX_JSON_DEPTH) else json.dumps(answer, ensure_ascii=False)
 
 
 def _answer_text(call: ParsedCall) -> str:

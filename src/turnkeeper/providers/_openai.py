@@ -14,6 +14,7 @@ import httpx
 import msgspec
 
 from turnkeeper.events import ChatError, InputError
+from turnkeeper.events._messages import MAX_JSON_DEPTH, nests_deeper
 from turnkeeper.providers._chat import error_for_status, parse_retry_after
 
 _KEY_VARIABLES = ("TURNKEEPER_API_KEY", "OPENAI_API_KEY")
@@ -25,6 +26,7 @@ _HEADER_VALUE = re.compile(r"[\x20-\x7e\t]*")
 _KEY = re.compile(r"[\x21-\x7e]+")
 # The pool is shared by every session, so it keeps as many idle connections as it may open.
 _LIMITS = httpx.Limits(max_connections=100, max_keepalive_connections=100)
+_TOO_DEEP = f"nested more than {MAX_JSON_DEPTH} levels deep"
 
 _shared: tuple[anyio.lowlevel.EventLoopToken, httpx.AsyncClient] | None = None
 
@@ -44,7 +46,7 @@ class OpenAIChat:
     caller then owns. The response JSON is returned verbatim. Failures raise ChatError:
     transient for HTTP 408, 429 (with `retry_after` from Retry-After) and 5xx and for
     timeouts and lost connections; permanent for other statuses and for a response
-    that is not JSON or has no `choices[0].message`.
+    that is not JSON, nests more than 128 levels deep or has no `choices[0].message`.
     """
 
     def __init__(
@@ -109,7 +111,7 @@ class OpenAIChat:
             body.pop("tools", None)
         try:
             return msgspec.json.encode(body)
-        except (TypeError, ValueError, OverflowError) as error:
+        except (TypeError, ValueError, OverflowError, RecursionError) as error:
             raise InputError(f"OpenAIChat: the request cannot be sent as JSON: {error}") from None
 
     def _decode(self, content: bytes) -> dict[str, Any]:
@@ -117,8 +119,13 @@ class OpenAIChat:
             response = msgspec.json.decode(content)
         except msgspec.DecodeError as error:
             raise self._malformed(f"not JSON ({error}): {_shorten(content)}") from None
+        except RecursionError:  # msgspec's decoder, on nesting deeper than the stack allows
+            raise self._malformed(_TOO_DEEP) from None
         if not isinstance(response, dict):
             raise self._malformed(f"expected a JSON object, got {type(response).__name__}")
+        # Decoded here, it may still be too deep to log or encode further up the stack.
+        if nests_deeper(response, MAX_JSON_DEPTH):
+            raise self._malformed(_TOO_DEEP)
         choices = response.get("choices")
         if not isinstance(choices, list) or not choices:
             said = _error_message(response)
@@ -212,7 +219,7 @@ def _error_detail(response: httpx.Response) -> str:
     """The server's error message: `error.message` from a JSON body, else the body's text."""
     try:
         message = _error_message(msgspec.json.decode(response.content))
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):
         message = None
     return _shorten(response.content) if message is None else _truncate(message)
 

@@ -21,6 +21,7 @@ from starlette.routing import Route
 
 from turnkeeper.events import InputError, LogError
 from turnkeeper.events._log import LARGEST_SEQ
+from turnkeeper.events._messages import MAX_JSON_DEPTH, nests_deeper
 from turnkeeper.service._auth import BearerAuth, check_token
 from turnkeeper.service._errors import ApiError, error_response, validation_error
 from turnkeeper.service._limits import DEFAULT_LIMITS, Limits
@@ -286,6 +287,7 @@ class _Api:
         except ClientDisconnect:
             raise ApiError(400, "body: the client went away while sending it", "body") from None
         body = b"".join(chunks)
+        too_deep = ApiError(400, f"body: the JSON nests more than {MAX_JSON_DEPTH} levels", "body")
         try:
             decoded = msgspec.json.decode(body, type=kind)
         except msgspec.ValidationError as exc:
@@ -293,9 +295,13 @@ class _Api:
         except msgspec.DecodeError as exc:
             raise ApiError(400, f"body: not valid JSON ({exc})", "body") from None
         except RecursionError:
-            raise ApiError(400, "body: the JSON nests too deeply", "body") from None
+            raise too_deep from None
         # It decoded as `kind`, so it decodes as plain JSON too.
-        unknown = unknown_field(msgspec.json.decode(body), kind)
+        plain = msgspec.json.decode(body)
+        # Decoded here, it may still nest too deep for the log to encode, deeper in the stack.
+        if nests_deeper(plain, MAX_JSON_DEPTH):
+            raise too_deep
+        unknown = unknown_field(plain, kind)
         if unknown is not None:
             raise ApiError(422, f"{unknown}: unknown field", unknown)
         return decoded

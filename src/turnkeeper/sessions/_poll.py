@@ -39,7 +39,7 @@ from turnkeeper.events import (
     collecting_events,
 )
 from turnkeeper.events._calls import is_unreadable
-from turnkeeper.events._messages import text_of, tool_uses_of
+from turnkeeper.events._messages import MAX_JSON_DEPTH, nests_deeper, text_of, tool_uses_of
 from turnkeeper.guards import Guard, GuardView, Reply, default_guards, window
 from turnkeeper.providers._chat import Chat as Chat
 from turnkeeper.sessions._inputs import Input, Kickoff, Resume, UserMessage
@@ -219,6 +219,10 @@ def end_poll(
     ("malformed response: ...") when the response is not chat-completions shaped."""
     message, finish_reason, usage = check_response(response, call_prefix=f"call_{state.seq + 1}")
     assert isinstance(response, dict)  # check_response saw to it
+    # A backend other than OpenAIChat may hand over anything: past this, logging it (and
+    # reading it back) would recurse as deep as the stack goes.
+    if nests_deeper(response, MAX_JSON_DEPTH):
+        raise _malformed(f"it nests more than {MAX_JSON_DEPTH} levels deep")
     try:
         logged = msgspec.Raw(_json.encode(response))
     except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as exc:
@@ -344,7 +348,10 @@ def _usage(response: dict[str, Any]) -> Usage:
 
 
 def _storable(response: object) -> object:
-    """`response` if it can be logged as JSON, else its repr, so nothing the model sent is lost."""
+    """`response` if it can be logged as JSON, else its repr, so nothing the model sent is
+    lost; one nested too deeply for either is only described."""
+    if nests_deeper(response, MAX_JSON_DEPTH):
+        return f"a {type(response).__name__} nested more than {MAX_JSON_DEPTH} levels deep"
     try:
         _json.encode(response)
     except (TypeError, ValueError, OverflowError, msgspec.EncodeError):

@@ -3,7 +3,9 @@
 Accepted: bare JSON objects or arrays (Python literals too), `<tool_call>` tags (an
 unclosed last one too), fenced code blocks, pythonic calls `[fn(a=1)]`, `<|python_tag|>`
 JSON (Llama) and `[TOOL_CALLS]` JSON (Mistral). `<think>` blocks are dropped first. A scan
-is linear in the text (retries are bounded), and no input makes the parser raise.
+is linear in the text (retries are bounded), and no input makes the parser raise: calls
+nested in more than MAX_ARGUMENT_DEPTH levels of lists, or with arguments nested deeper
+than that, are not read.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import re
 from typing import Any, Final
 
 import msgspec
+
+from turnkeeper.events._messages import MAX_ARGUMENT_DEPTH, nests_deeper
 
 
 class ParsedCall(msgspec.Struct, frozen=True):
@@ -341,10 +345,13 @@ def _calls_from_json_values(values: list[Any], *, explicit: bool) -> _Calls:
     return _calls_from_json(values[0] if len(values) == 1 else values, explicit=explicit)
 
 
-def _calls_from_json(value: Any, *, explicit: bool) -> _Calls:
-    """The calls a decoded JSON value holds; `explicit` when the text was marked as a call."""
+def _calls_from_json(value: Any, *, explicit: bool, depth: int = 0) -> _Calls:
+    """The calls a decoded JSON value holds; `explicit` when the text was marked as a call.
+    `depth` counts the lists and objects `value` is in: calls nested too deep are not read."""
     if isinstance(value, list):
-        verdicts = [_calls_from_json(item, explicit=explicit) for item in value]
+        if depth >= MAX_ARGUMENT_DEPTH:
+            return _Verdict.BAD if explicit else _Verdict.NOT_CALL
+        verdicts = [_calls_from_json(item, explicit=explicit, depth=depth + 1) for item in value]
         calls = [call for verdict in verdicts if isinstance(verdict, list) for call in verdict]
         if verdicts and len(calls) == len(verdicts):
             return calls
@@ -354,7 +361,7 @@ def _calls_from_json(value: Any, *, explicit: bool) -> _Calls:
     if not isinstance(value, dict):
         return _Verdict.BAD if explicit else _Verdict.NOT_CALL
     if isinstance(value.get("tool_calls"), list):
-        return _calls_from_json(value["tool_calls"], explicit=True)
+        return _calls_from_json(value["tool_calls"], explicit=True, depth=depth + 1)
     function = value.get("function")
     if isinstance(function, dict):
         return _call(function.get("name"), _arguments_of(function, required=False))
@@ -384,6 +391,9 @@ def _call(name: object, arguments: object) -> _Calls:
     if arguments is None:
         arguments = {}
     if not (isinstance(name, str) and name.strip() and isinstance(arguments, dict)):
+        return _Verdict.BAD
+    # Deeper ones are bad arguments to the session too, and would recurse in what follows.
+    if nests_deeper(arguments, MAX_ARGUMENT_DEPTH):
         return _Verdict.BAD
     return [ParsedCall(name=name.strip(), arguments=arguments)]
 
@@ -474,9 +484,7 @@ def _python_call(node: ast.expr) -> _Calls:
             arguments[keyword.arg] = _literal(keyword.value)
     except (ValueError, RecursionError):
         return _Verdict.BAD
-    if name is None:
-        return _Verdict.BAD
-    return [ParsedCall(name=name, arguments=arguments)]
+    return _call(name, arguments)
 
 
 def _dotted_name(node: ast.expr) -> str | None:

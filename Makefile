@@ -4,13 +4,17 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 EXTRAS ?= dev,embedded,mcp,otel
+# llama-cpp-python (the embedded model) builds from source here. Its default build, for
+# the build machine's own instruction set, crashed in generation on an AVX-512 machine;
+# built for AVX2 (any x86-64 server of the last decade) it runs.
+LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
 
 .PHONY: setup demo lint typecheck test bench
 
 $(VENV)/.installed-$(EXTRAS): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[$(EXTRAS)]'
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PY) -m pip install --quiet -e '.[$(EXTRAS)]'
 	touch $@
 
 setup: $(VENV)/.installed-$(EXTRAS)

@@ -395,17 +395,17 @@ async def test_an_open_cancelled_after_taking_the_lock_releases_it(
     taken = threading.Event()
     real_lock = jsonl_log._lock
 
-    def slow_lock(directory: Path) -> tuple[int | None, bool]:
+    def slow_lock(directory: Path, read_only: bool) -> tuple[int | None, bool]:
         taking.set()
         taken.wait()
-        return real_lock(directory)
+        return real_lock(directory, read_only)
 
     monkeypatch.setattr(jsonl_log, "_lock", slow_lock)
     log = JsonlLog(tmp_path)
     with anyio.CancelScope() as scope:
         async with anyio.create_task_group() as group:
             group.start_soon(log.sessions)
-            await anyio.to_thread.run_sync(taking.wait)
+            assert await anyio.to_thread.run_sync(taking.wait, 10)
             scope.cancel()
             # The thread finishes taking the lock after the cancel.
             taken.set()
@@ -556,3 +556,26 @@ async def test_an_order_file_that_cannot_be_written_loses_no_append(
     assert [entry["event"] for entry in logged] == ["jsonl log: cannot rewrite the order file"] * 3
     async with JsonlLog(tmp_path) as log:
         assert await log.read_all() == live
+
+
+@pytest.mark.anyio
+async def test_a_read_only_log_leaves_the_directory_to_a_writer_opened_after_it(
+    tmp_path: Path,
+) -> None:
+    await write_sessions(tmp_path, {"a": 2})
+    async with JsonlLog(tmp_path, read_only=True) as reader:
+        assert await reader.read("a") == run("a", 1, 2)
+        with pytest.raises(LogError, match="only reads the directory: it was opened read_only"):
+            await reader.append([envelope("a", 3)], expected_seq=2)
+        async with JsonlLog(tmp_path) as writer:
+            await writer.append([envelope("a", 3)], expected_seq=2)
+            async with JsonlLog(tmp_path, read_only=True) as beside:
+                assert [e for _, e in await beside.read_all()] == run("a", 1, 3)
+    assert repr(reader) == f"JsonlLog({str(tmp_path)!r}, read_only=True)"
+
+
+@pytest.mark.anyio
+async def test_a_read_only_log_of_a_missing_directory_makes_none(tmp_path: Path) -> None:
+    with pytest.raises(LogError, match="no log directory there"):
+        await JsonlLog(tmp_path / "missing", read_only=True).sessions()
+    assert names(tmp_path) == []

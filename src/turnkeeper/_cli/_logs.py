@@ -108,7 +108,8 @@ async def load_log(name: str) -> LoadedLog:
         return LoadedLog({key: tuple(events) for key, events in sessions.items()}, warning)
     loaded: dict[str, tuple[Envelope, ...]] = {}
     unreadable: dict[str, str] = {}
-    async with _open(path, kind) as log:
+    reader = JsonlLog(path, read_only=True) if kind == "directory" else SqliteLog(path)
+    async with reader as log:
         for key in await log.sessions():
             try:
                 loaded[key] = tuple(await log.read(key))

@@ -7,6 +7,7 @@ import fcntl
 import math
 import os
 import re
+import time
 from operator import attrgetter
 from pathlib import Path
 
@@ -28,6 +29,7 @@ _SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 _SUFFIX = ".jsonl"
 _ORDER = "order.idx"
 _LOCK = "writer.lock"
+_LOCK_TRIES = 5
 _session_of = attrgetter("session_id")
 _seq_of = attrgetter("seq")
 
@@ -66,8 +68,10 @@ class JsonlLog(EventLog):
     different sessions run in parallel worker threads; there is no group commit across
     files. One log writes a directory at a time: opening one takes a lock on
     `writer.lock` in it, and a log opened while another holds it only reads (its
-    appends raise LogError), so two writers cannot cut each other's lines. The log
-    holds every event in memory once open.
+    appends raise LogError), so two writers cannot cut each other's lines. A log opened
+    `read_only` never takes the lock, so a reader (a tailer, the command line) cannot
+    keep a writer that starts at the same moment from writing. The log holds every
+    event in memory once open.
 
     A torn last line (a write cut short by a crash) is reported, in `torn` and as a
     warning, and skipped; the file is cut back to its last good line before the
@@ -89,9 +93,10 @@ class JsonlLog(EventLog):
     opening a new log and calling `read_all(after=...)` with the last position seen.
     """
 
-    def __init__(self, directory: str | os.PathLike[str]) -> None:
+    def __init__(self, directory: str | os.PathLike[str], *, read_only: bool = False) -> None:
         super().__init__()
         self.directory = Path(directory)
+        self.read_only = read_only
         self.torn: dict[str, TornTail] = {}
         self.commits = 0
         self._store = EventStore()
@@ -105,11 +110,14 @@ class JsonlLog(EventLog):
         self._lock_fd: int | None = None
 
     def __repr__(self) -> str:
-        return f"JsonlLog({str(self.directory)!r})"
+        suffix = ", read_only=True" if self.read_only else ""
+        return f"JsonlLog({str(self.directory)!r}{suffix})"
 
     async def _open(self) -> None:
         # Locked before it is read: what a writer reads, no other writer changes.
-        self._lock_fd, live_writer = await anyio.to_thread.run_sync(_lock, self.directory)
+        self._lock_fd, live_writer = await anyio.to_thread.run_sync(
+            _lock, self.directory, self.read_only
+        )
         try:
             directory = await anyio.to_thread.run_sync(_load_directory, self.directory)
             events, exact = _arrange(directory.files, directory.order, placed_only=live_writer)
@@ -160,10 +168,12 @@ class JsonlLog(EventLog):
                 "digits, '.', '_' or '-', starting with a letter or digit"
             )
         if self._lock_fd is None:
-            raise LogError(
-                f"{self.directory}: this log only reads the directory: another log writes "
-                "it, or it cannot be written here"
+            why = (
+                "it was opened read_only"
+                if self.read_only
+                else "another log writes it, or it cannot be written here"
             )
+            raise LogError(f"{self.directory}: this log only reads the directory: {why}")
         self._check_readable(session_id)
         self._in_flight += 1
         try:
@@ -266,28 +276,39 @@ class JsonlLog(EventLog):
             )
 
 
-def _lock(directory: Path) -> tuple[int | None, bool]:
-    """Take the directory's writer lock (creating the directory if it is missing).
+def _lock(directory: Path, read_only: bool) -> tuple[int | None, bool]:
+    """Take the directory's writer lock (creating the directory if it is missing), unless
+    `read_only`.
 
-    Returns the lock's descriptor, or None if this log only reads: another log holds the
-    lock, or it cannot be taken here (a read-only directory). The flag says whether another
-    log holds it, that is, whether a live writer may be appending while this one reads.
+    Returns the lock's descriptor, or None if this log only reads: it is `read_only`,
+    another log holds the lock, or the lock cannot be taken here (a read-only directory).
+    The flag says whether another log holds it, that is, whether a live writer may be
+    appending while this one reads.
     """
+    path = directory / _LOCK
+    if read_only:
+        if not directory.is_dir():
+            raise LogError(f"{directory}: no log directory there")
+        return None, _held(path)
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise LogError(f"{directory}: cannot open the log directory: {exc}") from None
-    path = directory / _LOCK
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     except OSError:
         return None, _held(path)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        return None, True
-    return fd, False
+    # A few tries: a read_only log looking at the lock holds it for a moment (see `_held`).
+    for attempt in range(_LOCK_TRIES):
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            if attempt + 1 < _LOCK_TRIES:
+                time.sleep(0.01)
+        else:
+            return fd, False
+    os.close(fd)
+    return None, True
 
 
 def _held(path: Path) -> bool:

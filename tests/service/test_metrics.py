@@ -1,15 +1,23 @@
 """The Prometheus exposition: it parses, carries every status and counter, and its
-quantiles are order statistics of the append latencies."""
+quantiles are order statistics of the append latencies; /v1/metrics counts every session,
+those the host dropped from memory too."""
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
+import httpx
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.service.prometheus import parse_exposition
+from turnkeeper.events import AgentSpec
+from turnkeeper.providers import text_response
+from turnkeeper.service import create_app
 from turnkeeper.service._metrics import COUNTERS, QUANTILES, STATUSES, quantile, render_metrics
+from turnkeeper.sessions import Host
 
 counts = st.integers(min_value=0, max_value=10**12)
 
@@ -51,3 +59,33 @@ def test_quantiles_of_known_values() -> None:
     assert quantile(ordered, 0.99) == 99.0
     assert quantile(ordered, 0.0) == 1.0
     assert math.isnan(quantile([], 0.5))
+
+
+@pytest.mark.anyio
+async def test_metrics_count_dropped_sessions_without_reading_them_back() -> None:
+    async def chat(request: dict[str, Any]) -> dict[str, Any]:
+        return text_response("done")
+
+    async with Host(chat=chat, max_resting=1) as host:
+        for n in range(4):
+            await host.start(AgentSpec(system_prompt="Answer."), "go", session_id=f"s{n}")
+            await host.result(f"s{n}")
+        await host.cancel("s0")
+        held = set(host._sessions)
+        assert len(held) == 1
+        app = create_app(host, token="metrics-token")
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app),
+            base_url="http://service",
+            headers={"Authorization": "Bearer metrics-token"},
+        ) as client:
+            response = await client.get("/v1/metrics")
+        assert response.status_code == 200
+        samples, _ = parse_exposition(response.text)
+        counted = {
+            status: samples[("turnkeeper_sessions", (("status", status),))] for status in STATUSES
+        }
+        assert counted == {
+            status: {"idle": 3, "cancelled": 1}.get(status, 0) for status in STATUSES
+        }
+        assert set(host._sessions) == held

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import re
-from collections import Counter
 from collections.abc import Awaitable, Callable
 from contextlib import aclosing
 from functools import partial
@@ -247,12 +246,8 @@ class _Api:
         return _json(Health("ok"))
 
     async def metrics(self, request: Request) -> Response:
-        statuses: Counter[str] = Counter()
-        for session_id in await self.host.sessions():
-            try:
-                statuses[(await self.host.status(session_id)).status] += 1
-            except UnknownSession:
-                continue
+        # Counted without reading back the sessions the host dropped from memory.
+        statuses = await self.host.statuses()
         text = render_metrics(statuses, self.host.counters, self.host.append_seconds)
         return Response(text, media_type=CONTENT_TYPE)
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from contextlib import AbstractContextManager, AsyncExitStack, nullcontext
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager, AsyncExitStack, asynccontextmanager, nullcontext
 from typing import Any, Literal, Self
 
 import anyio
@@ -139,8 +140,13 @@ class SessionInfo(msgspec.Struct, frozen=True):
 class _Session:
     """The host's record of one session; the mailbox outlives the session's task."""
 
-    def __init__(self, state: SessionState, *, errored: bool = False) -> None:
+    def __init__(self, state: SessionState, logged: tuple[bool, str | None]) -> None:
         self.state = state
+        # The errored flag and error that the log's last event gives (see `_logged`), or
+        # None when the state may differ from what the log rebuilds (an append raised).
+        self.logged: tuple[bool, str | None] | None = logged
+        # The API calls using this record now (`Host._use`): while any is, it is not dropped.
+        self.users = 0
         # The trace context each queued message was sent in, oldest first. The queue itself
         # is `state.queued` (logged); this list, not a deque: an empty deque costs ten
         # times the memory.
@@ -174,8 +180,7 @@ class _Session:
         self.ending = False
         self.backing_off = False
         self.running = False
-        self.errored = errored
-        self.error: str | None = None
+        self.errored, self.error = logged
         self.crashes: list[float] = []
         self.cancelling: str | None = None
         self.status: HostStatus | None = None
@@ -210,6 +215,7 @@ def _take_up(session: _Session, rebuilt: _Session) -> bool:
         session.errored = rebuilt.errored
         session.error = rebuilt.error
     session.state = rebuilt.state
+    session.logged = rebuilt.logged
     return moved
 
 
@@ -225,12 +231,18 @@ class _SharedRead:
         self.found: list[Envelope] | None = None
 
 
+def _logged(last: Envelope) -> tuple[bool, str | None]:
+    """The errored flag and error of a session rebuilt from a log whose last event is `last`."""
+    event = last.event
+    return (
+        last.type == "local.chat_error",
+        event.error if isinstance(event, ChatFailed | Failed) else None,
+    )
+
+
 def _session_of(state: SessionState, last: Envelope) -> _Session:
     """The host's record of a session rebuilt from its log, `last` its last event."""
-    session = _Session(state, errored=last.type == "local.chat_error")
-    if isinstance(last.event, ChatFailed | Failed):
-        session.error = last.event.error
-    return session
+    return _Session(state, _logged(last))
 
 
 class Host:
@@ -252,6 +264,12 @@ class Host:
     waits for a slot before its call instead, and a reply is logged soon after it
     arrives. A session waiting for a slot can be cancelled, and on stop it makes no
     call (its request is logged, so the next start of the host makes it). None: no bound.
+
+    `max_resting` bounds the sessions at rest (not running) that the host keeps in
+    memory: beyond it, the least recently used are dropped and read back from the log
+    on their next use, which sees them exactly as if they had stayed. Sessions in use
+    (running, waited on, in an API call) are never dropped and do not count. None: keep
+    every session.
     """
 
     def __init__(
@@ -270,6 +288,7 @@ class Host:
         tool_concurrency: int = 8,
         tool_timeout: float | None = None,
         max_model_calls: int | None = None,
+        max_resting: int | None = 10_000,
         clock: Callable[[], float] = time.time,
     ) -> None:
         if mailbox_size < 1 or max_restarts < 0 or tool_concurrency < 1:
@@ -278,6 +297,10 @@ class Host:
             )
         if max_model_calls is not None and max_model_calls < 1:
             raise InputError(f"Host: max_model_calls must be None or >= 1, got {max_model_calls}")
+        if max_resting is not None and (
+            isinstance(max_resting, bool) or not isinstance(max_resting, int) or max_resting < 0
+        ):
+            raise InputError(f"Host: max_resting must be None or an int >= 0, got {max_resting!r}")
         self.chat = traced_chat(chat)
         self.log = log if log is not None else MemoryLog()
         self._mcp = McpPool()
@@ -301,6 +324,17 @@ class Host:
         self.counters: dict[str, int] = {}
         self.append_seconds: list[float] = []
         self._sessions: dict[str, _Session] = {}
+        self.max_resting = max_resting
+        # The held sessions at rest with no task and no API call using them, least recently
+        # used first: the ones `_unused` may drop (see `_droppable`).
+        self._resting: OrderedDict[str, _Session] = OrderedDict()
+        # Of each dropped session: the status it rested in (`statuses` counts them without
+        # reading them back), and its crash times within `restart_window`, if any (its
+        # restart intensity is not reset by a drop).
+        self._dropped: dict[str, HostStatus] = {}
+        self._dropped_crashes: dict[str, list[float]] = {}
+        # Reads of sessions the host does not hold, in flight, by id (see `_read_back`).
+        self._loading: dict[str, int] = {}
         self._group: anyio.abc.TaskGroup | None = None
         self._stack: AsyncExitStack | None = None
         self._accepting = False
@@ -379,13 +413,14 @@ class Host:
             await self._append(state.session_id, events, expected_seq=0)
         except SeqConflict:
             raise _taken(state.session_id) from None
-        session = _Session(state)
+        session = _Session(state, _logged(events[-1]))
         session.mcp = mcp
         if prompt is not None:
             session.opening = (prompt, capture_context())
         self._sessions[state.session_id] = session
-        self._note(session)
+        # Given its task first: at rest with none (no prompt), `_note` could drop it.
         self._spawn(session)
+        self._note(session)
         return state.session_id
 
     async def send(self, session_id: str, text: str) -> None:
@@ -393,96 +428,105 @@ class Host:
         self._check_accepting()
         if not isinstance(text, str):
             raise InputError(f"text: expected a string, got {type(text).__name__}")
-        session = await self._load(session_id)
-        # Logged before the sender hears back, so an accepted message survives a crash: as
-        # the next request when the session is at rest, else queued behind its work. Its
-        # status is looked at under the lock: a cancel may have been logged meanwhile.
-        async with session.lock:
-            status = self._status(session)
-            if status in ("failed", "cancelled"):
-                raise InputError(f"session {session_id} is {status} and takes no messages")
-            if status == "requires_action":
-                ids = ", ".join(use.id for use in self._outstanding(session))
-                raise InputError(
-                    f"session {session_id} is waiting for the results of tool calls {ids}; "
-                    "submit them first"
-                )
-            state = session.state
-            if (
-                not session.running
-                and not state.in_poll
-                and not state.queued
-                and state.status in ("idle", "halted")
-            ):
-                await self._begin_poll(session, UserMessage(text), own=False)
-                session.opening = (text, capture_context())
-            elif len(state.queued) >= self.mailbox_size:
-                raise Busy(
-                    f"session {session_id}: mailbox full ({self.mailbox_size} messages queued)"
-                )
-            else:
-                await self._commit_events(session, [MessageQueued(text=text)], own=False)
-                session.contexts.append((text, capture_context()))
-                del session.contexts[: -self.mailbox_size]
-        session.errored = False
-        self._note(session)
-        self._wake(session)
+        async with self._use(session_id) as session:
+            # Logged before the sender hears back, so an accepted message survives a crash:
+            # as the next request when the session is at rest, else queued behind its work.
+            # Its status is looked at under the lock: a cancel may have been logged meanwhile.
+            async with session.lock:
+                status = self._status(session)
+                if status in ("failed", "cancelled"):
+                    raise InputError(f"session {session_id} is {status} and takes no messages")
+                if status == "requires_action":
+                    ids = ", ".join(use.id for use in self._outstanding(session))
+                    raise InputError(
+                        f"session {session_id} is waiting for the results of tool calls {ids}; "
+                        "submit them first"
+                    )
+                state = session.state
+                if (
+                    not session.running
+                    and not state.in_poll
+                    and not state.queued
+                    and state.status in ("idle", "halted")
+                ):
+                    await self._begin_poll(session, UserMessage(text), own=False)
+                    session.opening = (text, capture_context())
+                elif len(state.queued) >= self.mailbox_size:
+                    raise Busy(
+                        f"session {session_id}: mailbox full ({self.mailbox_size} messages queued)"
+                    )
+                else:
+                    await self._commit_events(session, [MessageQueued(text=text)], own=False)
+                    session.contexts.append((text, capture_context()))
+                    del session.contexts[: -self.mailbox_size]
+            session.errored = False
+            self._note(session)
+            self._wake(session)
 
     async def submit_tool_results(self, session_id: str, results: Sequence[ToolResult]) -> None:
         """Answer the calls the session waits on; returns once the results are logged."""
         self._check_accepting()
-        session = await self._load(session_id)
-        async with session.lock:
-            outstanding = [use.id for use in self._outstanding(session)]
-            if not outstanding:
-                raise InputError(f"session {session_id} is not waiting for tool results")
-            checked = check_results(session_id, outstanding, results)
-            events = [
-                ToolReturned(tool_call_id=r.tool_use_id, text=r.text, is_error=r.is_error)
-                for r in checked.values()
-            ]
-            await self._commit_events(session, events, own=False)
-        self._wake(session)
+        async with self._use(session_id) as session:
+            async with session.lock:
+                outstanding = [use.id for use in self._outstanding(session)]
+                if not outstanding:
+                    raise InputError(f"session {session_id} is not waiting for tool results")
+                checked = check_results(session_id, outstanding, results)
+                events = [
+                    ToolReturned(tool_call_id=r.tool_use_id, text=r.text, is_error=r.is_error)
+                    for r in checked.values()
+                ]
+                await self._commit_events(session, events, own=False)
+            self._wake(session)
 
     async def retry(self, session_id: str) -> None:
         """Try the model call of an errored session again."""
         self._check_accepting()
-        session = await self._load(session_id)
-        if session.state.status in ("failed", "cancelled"):
-            raise InputError(f"session {session_id} is {session.state.status}; nothing to retry")
-        session.errored = False
-        self._note(session)
-        self._wake(session)
+        async with self._use(session_id) as session:
+            if session.state.status in ("failed", "cancelled"):
+                raise InputError(
+                    f"session {session_id} is {session.state.status}; nothing to retry"
+                )
+            session.errored = False
+            self._note(session)
+            self._wake(session)
 
     async def cancel(self, session_id: str, reason: str = "cancelled by request") -> None:
         """Stop the session's work now and mark it cancelled (logged once, however many
         cancels race)."""
         self._check_accepting()
-        session = await self._load(session_id)
-        try:
-            while session.state.status not in ("cancelled", "failed"):
-                session.cancelling = reason
-                if session.running:
-                    if session.scope is not None:
-                        self._end_task(session)
-                    await session.done.wait()
-                async with session.lock:
-                    # A task started meanwhile (a cancel that failed let it go on): end it.
-                    if not session.running and session.state.status not in ("cancelled", "failed"):
-                        await self._commit_events(session, [Cancelled(reason=reason)], own=False)
-        except BaseException:
-            # The cancel is not logged (the log refused it, or this call was cancelled): the
-            # session goes on as its log says, not stopped for good with nothing to say why.
-            with anyio.CancelScope(shield=True):
-                async with session.lock:
-                    if session.state.status not in ("cancelled", "failed"):
-                        session.cancelling = None
-                        self._wake(session)
-            raise
+        async with self._use(session_id) as session:
+            try:
+                while session.state.status not in ("cancelled", "failed"):
+                    session.cancelling = reason
+                    if session.running:
+                        if session.scope is not None:
+                            self._end_task(session)
+                        await session.done.wait()
+                    async with session.lock:
+                        # A task started meanwhile (a cancel that failed let it go on): end it.
+                        if not session.running and session.state.status not in (
+                            "cancelled",
+                            "failed",
+                        ):
+                            await self._commit_events(
+                                session, [Cancelled(reason=reason)], own=False
+                            )
+            except BaseException:
+                # The cancel is not logged (the log refused it, or this call was cancelled):
+                # the session goes on as its log says, not stopped for good with nothing to
+                # say why.
+                with anyio.CancelScope(shield=True):
+                    async with session.lock:
+                        if session.state.status not in ("cancelled", "failed"):
+                            session.cancelling = None
+                            self._wake(session)
+                raise
 
     async def status(self, session_id: str) -> SessionInfo:
         """The session as it is now."""
-        return self._info(await self._load(session_id))
+        async with self._use(session_id) as session:
+            return self._info(session)
 
     async def result(self, session_id: str, *, wait: float | None = None) -> SessionInfo:
         """The session once it is at rest (not running), or as it is after `wait` seconds.
@@ -490,18 +534,18 @@ class Host:
         only in a host started later on the same log."""
         if wait is not None:
             _check_seconds("wait", wait)
-        session = await self._load(session_id)
-        with anyio.move_on_after(wait):
-            while self._status(session) == "running":
-                if self._stopping and not session.running:
-                    raise HostStopped(
-                        f"the host stopped before session {session_id} came to rest; a host "
-                        "started on the same log goes on with it"
-                    )
-                if session.rested is None:
-                    session.rested = anyio.Event()
-                await session.rested.wait()
-        return self._info(session)
+        async with self._use(session_id) as session:
+            with anyio.move_on_after(wait):
+                while self._status(session) == "running":
+                    if self._stopping and not session.running:
+                        raise HostStopped(
+                            f"the host stopped before session {session_id} came to rest; a "
+                            "host started on the same log goes on with it"
+                        )
+                    if session.rested is None:
+                        session.rested = anyio.Event()
+                    await session.rested.wait()
+            return self._info(session)
 
     async def events(self, session_id: str, *, after: int = 0, wait: float = 0.0) -> list[Envelope]:
         """The session's events after seq `after`; if there are none yet, wait up to
@@ -509,19 +553,19 @@ class Host:
         if isinstance(after, bool) or not isinstance(after, int) or not 0 <= after <= LARGEST_SEQ:
             raise InputError(f"after: expected an integer from 0 to 2**63 - 1, got {after!r}")
         _check_seconds("wait", wait)
-        session = await self._load(session_id)
-        deadline = anyio.current_time() + max(wait, 0.0)
-        while True:
-            if session.changed is None:
-                session.changed = anyio.Event()
-            changed = session.changed
-            found = await self._read_after(session, after, changed)
-            remaining = deadline - anyio.current_time()
-            # A stopped host logs nothing more: no point waiting.
-            if found or remaining <= 0 or self._stopping:
-                return found
-            with anyio.move_on_after(remaining):
-                await changed.wait()
+        async with self._use(session_id) as session:
+            deadline = anyio.current_time() + max(wait, 0.0)
+            while True:
+                if session.changed is None:
+                    session.changed = anyio.Event()
+                changed = session.changed
+                found = await self._read_after(session, after, changed)
+                remaining = deadline - anyio.current_time()
+                # A stopped host logs nothing more: no point waiting.
+                if found or remaining <= 0 or self._stopping:
+                    return found
+                with anyio.move_on_after(remaining):
+                    await changed.wait()
 
     async def _read_after(
         self, session: _Session, after: int, changed: anyio.Event
@@ -547,6 +591,24 @@ class Host:
     async def sessions(self) -> list[str]:
         """Every session id in the log, oldest first."""
         return await self.log.sessions()
+
+    async def statuses(self) -> dict[str, int]:
+        """How many of the log's sessions have each status, as `status` gives it (sessions
+        that cannot be rebuilt are left out). A session dropped from memory counts with
+        the status it rested in, without being read back."""
+        counts: dict[str, int] = {}
+        for session_id in await self.log.sessions():
+            held = self._sessions.get(session_id)
+            status = self._status(held) if held is not None else self._dropped.get(session_id)
+            if status is None:
+                # Never read by this host (unreadable at recovery, or logged by another).
+                try:
+                    async with self._use(session_id) as session:
+                        status = self._status(session)
+                except UnknownSession:
+                    continue
+            counts[status] = counts.get(status, 0) + 1
+        return counts
 
     async def stop(self, grace: float | None = None) -> None:
         """Stop gracefully: take no new work, give sessions `grace` seconds to reach a
@@ -591,7 +653,8 @@ class Host:
                 _log.warning("recovery.read_failed", error=str(exc))
                 rebuilt = {}
             for session_id in await self.log.sessions():
-                found = rebuilt.get(session_id)
+                # Popped: a session dropped below is then freed at once.
+                found = rebuilt.pop(session_id, None)
                 try:
                     if found is None:
                         session = await self._read(session_id)
@@ -603,6 +666,8 @@ class Host:
                     _log.error("session.unreadable", session_id=session_id, error=str(exc))
                     continue
                 self._sessions[session_id] = session
+                # At rest, it joins the least recently used: beyond `max_resting`, the oldest
+                # of those are dropped as the recovery goes.
                 self._note(session)
                 if self._status(session) == "running":
                     self._spawn(session)
@@ -614,17 +679,31 @@ class Host:
             raise UnknownSession(f"no session {session_id}")
         return _session_of(replay(events), events[-1])
 
+    @asynccontextmanager
+    async def _use(self, session_id: str) -> AsyncIterator[_Session]:
+        """The session, for an API call: while the call uses it, the host does not drop it
+        (a call left holding a dropped record would change a copy nobody reads again)."""
+        session = await self._load(session_id)
+        try:
+            yield session
+        finally:
+            session.users -= 1
+            if not session.users:
+                self._unused(session)
+
     async def _load(self, session_id: str) -> _Session:
+        """The session, read back from the log if the host does not hold it, with a use
+        taken (`_use` gives it back)."""
         session = self._sessions.get(session_id)
         if session is None:
             if not isinstance(session_id, str) or not session_id:
                 raise UnknownSession(f"no session {session_id!r}")
             try:
-                read = await self._read(session_id)
+                session = await self._read_back(session_id)
             except ReplayError as exc:
                 raise UnknownSession(f"session {session_id} cannot be rebuilt: {exc}") from None
-            session = self._sessions.setdefault(session_id, read)
-            self._note(session)
+        else:
+            session.users += 1
         # A session with work and no task (recovered, or read from the log) gets one; so
         # does one whose MCP servers are not open yet, which may answer its pending calls.
         state = session.state
@@ -632,6 +711,34 @@ class Host:
             state.status == "requires_action" and state.spec.mcp_servers and session.mcp is None
         ):
             self._spawn(session)
+        return session
+
+    async def _read_back(self, session_id: str) -> _Session:
+        """The session read from the log and held, with a use taken; or, if another call
+        read it back meanwhile, that call's record. While the read is in flight, no record
+        of the session is dropped: one that changed after the read began would leave a
+        stale read as the only record."""
+        self._loading[session_id] = self._loading.get(session_id, 0) + 1
+        read: _Session | None = None
+        try:
+            read = await self._read(session_id)
+        finally:
+            left = self._loading.pop(session_id) - 1
+            if left:
+                self._loading[session_id] = left
+            held = self._sessions.get(session_id)
+            if read is None and held is not None and not held.users:
+                # Read back by another call meanwhile, and maybe passed over for dropping
+                # because of this read.
+                self._unused(held)
+        session = self._sessions.get(session_id)
+        if session is None:
+            session = self._sessions[session_id] = read
+            # As it was when dropped: no transition to log, and the same restart intensity.
+            session.status = self._dropped.pop(session_id, None)
+            session.crashes = self._dropped_crashes.pop(session_id, [])
+        session.users += 1
+        self._note(session)
         return session
 
     # -- the session actor ----------------------------------------------------------------
@@ -727,7 +834,8 @@ class Host:
                 async with session.lock:
                     await self._commit_events(session, [Failed(error=session.error or "crashed")])
             except (TurnkeeperError, OSError) as exc:
-                # The log refuses the event: the session is failed in memory only.
+                # The log refuses the event: the session is failed in memory only (and so is
+                # never dropped: `_commit` left `logged` None).
                 session.state = msgspec.structs.replace(
                     session.state, status="failed", in_poll=False, stop_reason="failed"
                 )
@@ -972,9 +1080,13 @@ class Host:
                     task_of=session if own else None,
                 )
             except BaseException:
+                # Written or not, we cannot tell: in step with the log again once it is read
+                # (`_take_up`) or a later append passes the seq check.
+                session.logged = None
                 if not own:
                     await self._take_up_log(session)
                 raise
+            session.logged = _logged(events[-1])
             if session.span is not None:
                 session.span.record(events)
         session.state = state
@@ -1046,6 +1158,86 @@ class Host:
         ):
             session.rested.set()
             session.rested = None
+        if status == "running":
+            self._resting.pop(session.state.session_id, None)
+        elif not session.users:
+            self._unused(session)
+
+    # -- keeping memory bounded ------------------------------------------------------------
+
+    def _unused(self, session: _Session) -> None:
+        """Make a session that no API call uses the most recently used of those at rest, if
+        it is at rest with no task, and drop the least recently used beyond `max_resting`.
+        A session passed over (see `_droppable`) leaves them until it is at rest and unused
+        again (its task ends, its last use ends): O(1) amortised, each one checked once."""
+        limit = self.max_resting
+        if limit is None or self._stopping or session.running or session.status == "running":
+            return
+        session_id = session.state.session_id
+        if self._sessions.get(session_id) is not session:
+            # Not the host's record: one read back while `start` logged the session, which
+            # `start` then replaced with its own. Not the host's to drop.
+            return
+        resting = self._resting
+        resting[session_id] = session
+        resting.move_to_end(session_id)
+        while len(resting) > limit:
+            oldest_id, oldest = resting.popitem(last=False)
+            status = self._droppable(oldest)
+            if status is not None:
+                self._drop(oldest_id, oldest, status)
+
+    def _droppable(self, session: _Session) -> HostStatus | None:
+        """The session's status if it may be dropped from memory, else None: if nothing
+        uses it and reading it back from the log gives the same record, so that no call can
+        tell it was dropped.
+
+        In use: a task (which covers its backoff, trace span, appends and the lock while
+        the task holds it); an API call (`users`: which covers every waiter, on `changed`,
+        `rested`, `done` or a shared read, a cancel in progress and the lock held by the
+        API; a `changed` or `rested` left over by a call that ended waits for no one); a
+        read of it from the log in flight (`_read_back`).
+
+        What the log does not hold: open MCP connections (the tools and spec they give);
+        an errored flag or an error shown that differ from what its last event gives, or a
+        state that may differ from the log's (`logged`); and, unless it is cancelled or
+        failed (it never runs again), what its next task would start from: the messages
+        of a poll about to begin (`opening`), the trace contexts of queued messages, calls
+        announced, a cancel, a wake-up. Not kept, as it changes nothing once at rest: an
+        error not shown (the next errored or failed status sets its own), the refusal cache
+        (`checked`), the last status noted (restored from `_dropped`). Crash times within
+        `restart_window` are kept apart (`_drop`)."""
+        if session.running or session.users or session.mcp is not None:
+            return None
+        state = session.state
+        if state.session_id in self._loading:
+            return None
+        status = self._status(session)
+        logged = session.logged
+        if status == "running" or logged is None:
+            return None
+        errored, error = logged
+        if status in ("errored", "failed") and session.error != error:
+            return None
+        if status not in ("cancelled", "failed") and (
+            session.errored != errored
+            or session.opening is not None
+            or session.contexts
+            or session.announced
+            or session.cancelling is not None
+            or session.woken
+        ):
+            return None
+        return status
+
+    def _drop(self, session_id: str, session: _Session, status: HostStatus) -> None:
+        """Forget the session (`_read_back` reads it again on its next use)."""
+        del self._sessions[session_id]
+        self._dropped[session_id] = status
+        now = anyio.current_time()
+        crashes = [t for t in session.crashes if now - t < self.restart_window]
+        if crashes:
+            self._dropped_crashes[session_id] = crashes
 
     def _open_span(self, session: _Session, prompt: str, parent: object | None) -> AgentSpan:
         """Start the trace span of one request; it ends when the session comes to rest."""

@@ -533,7 +533,7 @@ async def test_an_order_file_that_cannot_be_written_loses_no_append(
     real_replace = jsonl_log._replace_order
 
     def failing_replace(path: Path, events: list[Envelope]) -> None:
-        raise LogError(f"{path}: cannot rewrite the order file: disk full")
+        raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(jsonl_log, "_replace_order", failing_replace)
     with structlog.testing.capture_logs() as logged:

@@ -77,8 +77,8 @@ def _kind(path: Path) -> Kind:
     return "sqlite" if path.stat().st_size else "empty"
 
 
-def _open(path: Path, kind: Kind) -> EventLog:
-    return JsonlLog(path) if kind == "directory" else SqliteLog(path)
+def _open(path: Path, kind: Kind, *, read_only: bool = False) -> EventLog:
+    return JsonlLog(path, read_only=read_only) if kind == "directory" else SqliteLog(path)
 
 
 async def _read_jsonl(path: Path) -> JsonlRead:
@@ -108,8 +108,7 @@ async def load_log(name: str) -> LoadedLog:
         return LoadedLog({key: tuple(events) for key, events in sessions.items()}, warning)
     loaded: dict[str, tuple[Envelope, ...]] = {}
     unreadable: dict[str, str] = {}
-    reader = JsonlLog(path, read_only=True) if kind == "directory" else SqliteLog(path)
-    async with reader as log:
+    async with _open(path, kind, read_only=True) as log:
         for key in await log.sessions():
             try:
                 loaded[key] = tuple(await log.read(key))

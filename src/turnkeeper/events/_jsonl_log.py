@@ -241,11 +241,14 @@ class JsonlLog(EventLog):
         if self._order_fd is not None:
             os.close(self._order_fd)
             self._order_fd = None
+        path = self.directory / _ORDER
         try:
-            _replace_order(self.directory / _ORDER, events)
-        except LogError as exc:
+            _replace_order(path, events)
+        except OSError as exc:
             self._order_stale = True
-            _logger.warning("jsonl log: cannot rewrite the order file", error=str(exc))
+            _logger.warning(
+                "jsonl log: cannot rewrite the order file", path=str(path), error=str(exc)
+            )
         else:
             self._order_stale = False
 
@@ -428,11 +431,8 @@ def _replace_order(path: Path, events: list[Envelope]) -> None:
         if following != envelope.session_id:
             lines.append(f"{envelope.session_id} {envelope.seq}\n".encode())
     temporary = path.with_name(f"{_ORDER}.tmp")
-    try:
-        temporary.write_bytes(b"".join(lines))
-        temporary.replace(path)
-    except OSError as exc:
-        raise LogError(f"{path}: cannot rewrite the order file: {exc}") from None
+    temporary.write_bytes(b"".join(lines))
+    temporary.replace(path)
 
 
 def _load_file(path: Path, session_id: str) -> _SessionFile:

@@ -50,6 +50,7 @@ _JSON = "application/json"
 _FIELD_PREFIX = re.compile(r"^(?P<field>[A-Za-z_][\w.\[\]]*): ")
 _DEFAULT_PAGE = 100
 _BUSY_RETRY_SECONDS = 1
+_TOO_DEEP = f"body: the JSON nests more than {MAX_JSON_DEPTH} levels"
 
 
 def create_app(
@@ -282,7 +283,6 @@ class _Api:
         except ClientDisconnect:
             raise ApiError(400, "body: the client went away while sending it", "body") from None
         body = b"".join(chunks)
-        too_deep = ApiError(400, f"body: the JSON nests more than {MAX_JSON_DEPTH} levels", "body")
         try:
             decoded = msgspec.json.decode(body, type=kind)
         except msgspec.ValidationError as exc:
@@ -290,12 +290,12 @@ class _Api:
         except msgspec.DecodeError as exc:
             raise ApiError(400, f"body: not valid JSON ({exc})", "body") from None
         except RecursionError:
-            raise too_deep from None
+            raise ApiError(400, _TOO_DEEP, "body") from None
         # It decoded as `kind`, so it decodes as plain JSON too.
         plain = msgspec.json.decode(body)
         # Decoded here, it may still nest too deep for the log to encode, deeper in the stack.
         if nests_deeper(plain, MAX_JSON_DEPTH):
-            raise too_deep
+            raise ApiError(400, _TOO_DEEP, "body")
         unknown = unknown_field(plain, kind)
         if unknown is not None:
             raise ApiError(422, f"{unknown}: unknown field", unknown)

@@ -4,12 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from typing import Any
 
 import anyio
 import pytest
 
-from turnkeeper.events import AgentSpec, InputError, ToolCalled, ToolResult, ToolSpec, ToolUse
+from turnkeeper.events import (
+    AgentSpec,
+    Envelope,
+    InputError,
+    ToolCalled,
+    ToolResult,
+    ToolReturned,
+    ToolSpec,
+    ToolUse,
+    encode_envelope,
+)
 from turnkeeper.events._memory_log import MemoryLog
 from turnkeeper.providers import ScriptedChat, text_response, tool_response
 from turnkeeper.sessions import Host, run
@@ -314,6 +325,71 @@ async def test_raising_handler_becomes_an_error_result_with_type_and_message() -
 
     result = await run_one(handler)
     assert result == ToolResult("call_1", "KeyError: 'no station in Oslo'", is_error=True)
+
+
+# A file name that is not UTF-8, as os.listdir and os.fsdecode give it: a lone surrogate.
+NOT_UTF8 = os.fsdecode(b"/tmp/no-such-\xff-file")
+
+
+@pytest.mark.anyio
+async def test_a_lone_surrogate_in_a_handlers_error_becomes_a_question_mark() -> None:
+    async def handler(name: str, args: dict[str, Any], ctx: ToolContext) -> str:
+        raise ValueError(f"{NOT_UTF8}: not a text file")
+
+    result = await run_one(handler)
+    assert result == ToolResult(
+        "call_1", "ValueError: /tmp/no-such-?-file: not a text file", is_error=True
+    )
+    encode_envelope(Envelope("s", 1, 1.0, ToolReturned("call_1", result.text, is_error=True)))
+
+
+class Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no message")
+
+
+@pytest.mark.anyio
+async def test_every_error_result_a_handler_shapes_can_be_logged() -> None:
+    async def unprintable(name: str, args: dict[str, Any], ctx: ToolContext) -> str:
+        raise Unprintable()
+
+    async def foreign(name: str, args: dict[str, Any], ctx: ToolContext) -> Any:
+        return object()
+
+    async def slow(name: str, args: dict[str, Any], ctx: ToolContext) -> str:
+        await anyio.sleep_forever()
+        return "never"
+
+    broken = await run_one(unprintable)
+    assert broken == ToolResult(
+        "call_1", "Unprintable: (its message could not be made: RuntimeError)", is_error=True
+    )
+    # A tool name is the model's: it may hold a lone surrogate too.
+    returned = await run_one(foreign, use("w\udcff"))
+    assert returned.is_error
+    assert returned.text.startswith("w? returned object, not text: ")
+    timed_out = await run_one(slow, use("w\udcff"), timeout=0.01)
+    assert timed_out == ToolResult("call_1", "w? timed out after 0.01 s", is_error=True)
+
+
+@pytest.mark.anyio
+async def test_a_host_sends_a_handlers_error_holding_a_lone_surrogate_to_the_model() -> None:
+    runs: list[str] = []
+
+    async def weather(city: str) -> str:
+        runs.append(city)
+        raise ValueError(f"{NOT_UTF8}: not a text file")
+
+    chat = ScriptedChat([tool_response(("weather", {"city": "Oslo"})), text_response("No file.")])
+    log = MemoryLog()
+    async with Host(chat=chat, log=log, tools={"weather": weather}) as host:
+        session_id = await host.start(SPEC, "Weather?")
+        assert (await host.result(session_id, wait=30)).status == "idle"
+    assert runs == ["Oslo"]
+    [returned] = [e.event for e in await log.read(session_id) if isinstance(e.event, ToolReturned)]
+    assert returned == ToolReturned(
+        "call_1", "ValueError: /tmp/no-such-?-file: not a text file", is_error=True
+    )
 
 
 class Stray(BaseException):

@@ -78,9 +78,23 @@ def coerce_call(spec: AgentSpec, use: ToolUse) -> ToolUse:
 def as_text(value: Any) -> str:
     """A handler's return value as the text sent to the model."""
     if isinstance(value, str):
-        # Lone surrogates cannot be logged as JSON; each becomes "?".
-        return value.encode("utf-8", "replace").decode("utf-8") if not value.isascii() else value
+        return _loggable(value)
     return _json.encode(value).decode()
+
+
+def _loggable(text: str) -> str:
+    """`text` with each lone surrogate (which cannot be logged as JSON) replaced by "?"."""
+    return text if text.isascii() else text.encode("utf-8", "replace").decode("utf-8")
+
+
+def _error_text(exc: BaseException) -> str:
+    """What the model is sent for an exception a handler raised: its type and message."""
+    try:
+        message = str(exc)
+    except Exception as broken:
+        # A broken __str__ is the handler's failure too: its call still gets a result.
+        message = f"(its message could not be made: {type(broken).__name__})"
+    return _loggable(f"{type(exc).__name__}: {message}")
 
 
 def handled_as_error(exc: BaseException) -> bool:
@@ -109,7 +123,8 @@ async def run_tool(
     timeout: float | None = None,
 ) -> ToolResult:
     """Run one checked call. A handler that raises, times out or returns something that
-    is not text or JSON gives an error result carrying why, never an exception."""
+    is not text or JSON gives an error result carrying why, never an exception. The
+    result's text can always be logged: lone surrogates in it become "?"."""
     value: Any = None
     try:
         if timeout is None:
@@ -119,19 +134,18 @@ async def run_tool(
                 value = await _call(handler, use, ctx)
             if scope.cancelled_caught:
                 return ToolResult(
-                    use.id, f"{use.name} timed out after {timeout:g} s", is_error=True
+                    use.id, _loggable(f"{use.name} timed out after {timeout:g} s"), is_error=True
                 )
     except BaseException as exc:
         if not handled_as_error(exc):
             raise
-        return ToolResult(use.id, f"{type(exc).__name__}: {exc}", is_error=True)
+        return ToolResult(use.id, _error_text(exc), is_error=True)
     try:
         return ToolResult(use.id, as_text(value))
     # Any value a handler returns may fail to encode: a foreign type, a lone surrogate, a cycle.
     except (TypeError, ValueError, RecursionError, msgspec.EncodeError) as exc:
-        return ToolResult(
-            use.id, f"{use.name} returned {type(value).__name__}, not text: {exc}", is_error=True
-        )
+        returned = f"{use.name} returned {type(value).__name__}, not text: {exc}"
+        return ToolResult(use.id, _loggable(returned), is_error=True)
 
 
 async def run_each(

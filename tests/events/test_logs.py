@@ -381,6 +381,35 @@ async def test_read_after_and_limit(make_log: LogFactory) -> None:
         assert await log.last_seq("nobody") == 0
 
 
+# A session id as a name that is not UTF-8 decodes with surrogateescape: a lone surrogate.
+NOT_UTF8 = b"s\xff".decode("utf-8", "surrogateescape")
+
+
+@pytest.mark.anyio
+async def test_a_session_id_holding_a_lone_surrogate_names_no_session(
+    make_log: LogFactory,
+) -> None:
+    async with make_log() as log:
+        await log.append(run("s1", 1, 2), expected_seq=0)
+        assert await log.read(NOT_UTF8) == []
+        assert await log.read(NOT_UTF8, after=1, limit=3) == []
+        assert await log.last_seq(NOT_UTF8) == 0
+        with pytest.raises(UnloggableEvent) as unloggable:
+            await log.append([envelope(NOT_UTF8, 1)], expected_seq=0)
+        with pytest.raises(SeqError) as gap:
+            await log.append([envelope(NOT_UTF8, 2)], expected_seq=0)
+        assert await log.sessions() == ["s1"]
+        assert [e for _, e in await log.read_all()] == run("s1", 1, 2)
+    # Each error's text can be printed and logged, and names the id with its surrogate escaped.
+    for error, text in [
+        (unloggable.value, r"session s\udcff seq 1: cannot encode event"),
+        (gap.value, r"session s\udcff: seq 2 leaves a gap"),
+        (SeqConflict(NOT_UTF8, 3, 0), r"session s\udcff: append expected last seq 3"),
+    ]:
+        assert str(error).startswith(text)
+        str(error).encode("utf-8")
+
+
 @pytest.mark.parametrize(
     ("call", "message"),
     [

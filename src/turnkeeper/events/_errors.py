@@ -43,7 +43,14 @@ class ChatError(TurnkeeperError):
 
 
 class LogError(TurnkeeperError):
-    """An event log cannot be read or written as asked."""
+    """An event log cannot be read or written as asked. Its text escapes lone surrogates
+    (`\\udcff`), so it can always be printed or logged."""
+
+    def __str__(self) -> str:
+        # Session ids and paths in a message may hold lone surrogates (a name decoded with
+        # surrogateescape, say), which no UTF-8 stream can carry.
+        text = super().__str__()
+        return text if text.isascii() else text.encode("utf-8", "backslashreplace").decode()
 
 
 class UnloggableEvent(LogError, InputError):

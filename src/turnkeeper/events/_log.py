@@ -120,6 +120,18 @@ def check_session_id(session_id: str) -> None:
         raise LogError(f"session_id must be a non-empty string, got {session_id!r}")
 
 
+def _loggable_id(session_id: str) -> bool:
+    """Whether a session of this id can be in a log: the id encodes as UTF-8. One holding
+    a lone surrogate does not, so no append of it gets past `check_batch`."""
+    if session_id.isascii():
+        return True
+    try:
+        session_id.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 class EventLog(ABC):
     """An append-only store of every session's events.
 
@@ -158,20 +170,29 @@ class EventLog(ABC):
     async def read(
         self, session_id: str, *, after: int = 0, limit: int | None = None
     ) -> list[Envelope]:
-        """The session's events with seq > `after`, in order, at most `limit` of them."""
+        """The session's events with seq > `after`, in order, at most `limit` of them.
+
+        A session id that cannot be logged (one holding a lone surrogate) names no
+        session: it has no events.
+        """
         check_session_id(session_id)
         check_window(after, limit)
         await self._ready()
         if limit == 0:
             return []
         await _yield()
+        if not _loggable_id(session_id):
+            return []
         return await self._read(session_id, after, limit)
 
     async def last_seq(self, session_id: str) -> int:
-        """The seq of the session's last logged event; 0 if it has none."""
+        """The seq of the session's last logged event; 0 if it has none (or its id cannot
+        be logged, see `read`)."""
         check_session_id(session_id)
         await self._ready()
         await _yield()
+        if not _loggable_id(session_id):
+            return 0
         return await self._last_seq(session_id)
 
     async def sessions(self) -> list[str]:

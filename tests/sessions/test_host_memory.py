@@ -480,3 +480,37 @@ async def test_dropping_changes_nothing_any_calls_can_see(
     steps: list[Op], max_resting: int
 ) -> None:
     assert await play(steps, max_resting) == await play(steps, None)
+
+
+async def test_a_reply_json_does_not_hold_as_it_is_reads_the_same_after_a_drop() -> None:
+    finish = ToolSpec("finish", "Finish.", {"type": "object", "properties": {}})
+    spec = AgentSpec(tools=(finish,), terminal_tool="finish")
+    arguments = {"answer": (1, 2), "score": float("nan")}
+    reply = {
+        "choices": [
+            {
+                "message": {
+                    "role": "assistant",
+                    "tool_calls": [
+                        {"id": "c", "function": {"name": "finish", "arguments": arguments}}
+                    ],
+                }
+            }
+        ]
+    }
+
+    async def chat(request: dict[str, Any]) -> dict[str, Any]:
+        return reply
+
+    async with Host(chat=chat, log=MemoryLog(), max_resting=0) as host:
+        session_id = await host.start(spec, "go")
+        live = await host.result(session_id)
+        assert session_id not in host._sessions
+        assert (
+            (await host.status(session_id)).result
+            == live.result
+            == {
+                "answer": [1, 2],
+                "score": None,
+            }
+        )

@@ -6,8 +6,19 @@ from typing import Any
 
 import pytest
 
-from turnkeeper.events import AgentSpec, GuardConfig, InputError, TerminalTool, ToolSpec
+from turnkeeper.events import (
+    AgentSpec,
+    Envelope,
+    GuardConfig,
+    InputError,
+    TerminalTool,
+    ToolSpec,
+    decode_jsonl,
+    encode_jsonl,
+    replay,
+)
 from turnkeeper.sessions import open_session
+from turnkeeper.sessions._poll import opened_event
 
 SPEC = AgentSpec(system_prompt="Be brief.", tools=(ToolSpec("f"),))
 
@@ -57,6 +68,21 @@ def test_an_empty_transcript_means_a_fresh_open() -> None:
             },
             r"history[1].tool_call_id: '2' answers no tool call",
         ),
+        (
+            {
+                "history": [
+                    {
+                        "role": "assistant",
+                        "tool_calls": [
+                            {"id": "a", "function": {"name": "f"}},
+                            {"id": "a", "function": {"name": "f", "arguments": "{}"}},
+                        ],
+                    }
+                ]
+            },
+            r"history[0].tool_calls[1].id: 'a' is the id of an earlier call",
+        ),
+        ({"history": [{"role": "user", "content": object()}]}, "cannot be logged as JSON"),
         ({"guards": GuardConfig(terminal=TerminalTool(required=True))}, "terminal"),
     ],
 )
@@ -95,3 +121,17 @@ def test_reattached_status_follows_the_transcript(last: dict[str, Any], status: 
     assert state.resume
     assert state.status == status
     assert state.pending == ()
+
+
+def test_values_json_does_not_hold_as_they_are_open_as_the_log_reads_them() -> None:
+    history: list[dict[str, Any]] = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "u", "meta": {"tags": ("a",), "w": float("nan"), 1: 2}},
+    ]
+    schema = {"type": "object", "properties": {"x": {"enum": ("a", "b")}}}
+    state = open_session(AgentSpec(tools=(ToolSpec("f", "F", schema),)), history=history)
+    assert state.history[1]["meta"] == {"tags": ["a"], "w": None, "1": 2}
+    assert state.spec.tools[0].input_schema["properties"]["x"]["enum"] == ["a", "b"]
+    logged = [Envelope(state.session_id, 1, 0.0, opened_event(state))]
+    replayed = replay(decode_jsonl(encode_jsonl(logged)).events)
+    assert (replayed.spec, replayed.history) == (state.spec, state.history)

@@ -574,3 +574,72 @@ async def test_terminal_tool_arguments_are_coerced_safely_before_finishing() -> 
     assert normalize(events).result == {"n": 42}
     assert state.result == {"n": 42}
     assert replay(events) == state
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        # After the kickoff (seq 2), calls without an id get call_3_<index>; the second
+        # call's would be the first call's.
+        (["call_3_1", None], ["call_3_1", "call_3_1_"]),
+        # ... or a later call's.
+        ([None, "call_3_0"], ["call_3_0_", "call_3_0"]),
+        (
+            [None, "call_3_0", "call_3_0_", None],
+            ["call_3_0__", "call_3_0", "call_3_0_", "call_3_3"],
+        ),
+        (["a", "a", "call_3_1"], ["a", "call_3_1_", "call_3_1"]),
+    ],
+)
+async def test_made_up_call_ids_are_never_an_id_the_model_gave(
+    given: list[str | None], expected: list[str]
+) -> None:
+    response = tool_response(*(("search", {"q": str(index)}) for index in range(len(given))))
+    for call, call_id in zip(response["choices"][0]["message"]["tool_calls"], given, strict=True):
+        if call_id is None:
+            del call["id"]
+        else:
+            call["id"] = call_id
+
+    async def chat(request: dict[str, Any]) -> Any:
+        return response  # not a ScriptedChat: it would number the calls itself
+
+    events, state = await poll_turn(open_session(SPEC), Kickoff("go"), chat)
+    assert [use.id for use in state.pending] == expected
+    assert [use.input for use in state.pending] == [{"q": str(i)} for i in range(len(given))]
+    assert replay(decode_jsonl(encode_jsonl(events)).events) == state
+    results = Resume(state.pending, tuple(ToolResult(i, f"r{i}") for i in expected))
+    chat = ScriptedChat([text_response("done")])
+    _, state = await poll_turn(state, results, chat)
+    answered = [m["tool_call_id"] for m in state.history if m["role"] == "tool"]
+    assert answered == expected
+
+
+async def test_a_response_json_does_not_hold_as_it_is_is_kept_as_the_log_reads_it() -> None:
+    response: Any = {
+        "choices": (
+            {
+                "message": {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": "c1",
+                            "type": "function",
+                            "function": {
+                                "name": "finish",
+                                "arguments": {"q": "x", "seen": (1, 2), "score": float("nan")},
+                            },
+                        }
+                    ],
+                },
+                "finish_reason": "tool_calls",
+            },
+        ),
+        "usage": {1: 2},
+    }
+    events, state = await poll_turn(open_session(SPEC), Kickoff("go"), ScriptedChat([response]))
+    assert state.result == {"q": "x", "seen": [1, 2], "score": None}
+    (call,) = next(m["tool_calls"] for m in state.history if m.get("tool_calls"))
+    assert call["function"]["arguments"]["seen"] == [1, 2]
+    assert replay(decode_jsonl(encode_jsonl(events)).events) == state

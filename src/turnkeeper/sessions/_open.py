@@ -6,8 +6,13 @@ import secrets
 from collections.abc import Sequence
 from typing import Any
 
+import msgspec
+
 from turnkeeper.events import AgentSpec, GuardConfig, InputError, SessionOpened, SessionState
 from turnkeeper.events._state import initial_state
+
+_encoder = msgspec.json.Encoder()
+_opened = msgspec.json.Decoder(SessionOpened)
 
 
 def new_session_id() -> str:
@@ -49,7 +54,16 @@ def open_session(
     opened = SessionOpened(
         spec=spec, history=transcript, max_turns=max_turns, guards=config, resume=resume
     )
-    return initial_state(session_id or new_session_id(), opened)
+    return initial_state(session_id or new_session_id(), _as_logged(opened))
+
+
+def _as_logged(opened: SessionOpened) -> SessionOpened:
+    """`opened` as the log reads it back: a value JSON does not hold as it is (a tuple, a
+    NaN, a set) is kept in its JSON form, so that the live state is the replayed one."""
+    try:
+        return _opened.decode(_encoder.encode(opened))
+    except (TypeError, ValueError, OverflowError, RecursionError, msgspec.MsgspecError) as exc:
+        raise InputError(f"the spec or history cannot be logged as JSON: {exc}") from None
 
 
 def _transcript(history: Sequence[dict[str, Any]] | None) -> tuple[dict[str, Any], ...]:
@@ -75,11 +89,12 @@ def _transcript(history: Sequence[dict[str, Any]] | None) -> tuple[dict[str, Any
 
 
 def _check_tool_calls(index: int, calls: object) -> set[object]:
-    """The ids of the calls, once each is checked to be a call."""
+    """The ids of the calls, once each is checked to be a call with an id of its own."""
     if calls is None:
         return set()
     if not isinstance(calls, list):
         raise InputError(f"history[{index}].tool_calls: expected a list")
+    ids: set[object] = set()
     for position, call in enumerate(calls):
         where = f"history[{index}].tool_calls[{position}]"
         if not isinstance(call, dict) or not isinstance(call.get("id"), str):
@@ -87,4 +102,8 @@ def _check_tool_calls(index: int, calls: object) -> set[object]:
         function = call.get("function")
         if not isinstance(function, dict) or not isinstance(function.get("name"), str):
             raise InputError(f"{where}.function: expected an object with a string name")
-    return {call["id"] for call in calls}
+        # Pending, two calls with one id could not both be answered.
+        if call["id"] in ids:
+            raise InputError(f"{where}.id: {call['id']!r} is the id of an earlier call here")
+        ids.add(call["id"])
+    return ids

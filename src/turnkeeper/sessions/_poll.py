@@ -43,8 +43,10 @@ from turnkeeper.events._messages import MAX_JSON_DEPTH, nests_deeper, text_of, t
 from turnkeeper.guards import Guard, GuardView, Reply, default_guards, window
 from turnkeeper.providers._chat import Chat as Chat
 from turnkeeper.sessions._inputs import Input, Kickoff, Resume, UserMessage
+from turnkeeper.sessions._plain import is_plain_json
 
 _json = msgspec.json.Encoder()
+_decode = msgspec.json.Decoder(dict[str, Any]).decode
 _second = itemgetter(1)
 
 
@@ -217,16 +219,8 @@ def end_poll(
 ) -> tuple[list[Envelope], SessionState]:
     """Apply the model's response and the after-response guards. Raises ChatError
     ("malformed response: ...") when the response is not chat-completions shaped."""
+    response, logged = _as_logged(response)
     message, finish_reason, usage = check_response(response, call_prefix=f"call_{state.seq + 1}")
-    assert isinstance(response, dict)  # check_response saw to it
-    # A backend other than OpenAIChat may hand over anything: past this, logging it (and
-    # reading it back) would recurse as deep as the stack goes.
-    if nests_deeper(response, MAX_JSON_DEPTH):
-        raise _malformed(f"it nests more than {MAX_JSON_DEPTH} levels deep")
-    try:
-        logged = msgspec.Raw(_json.encode(response))
-    except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as exc:
-        raise _malformed(f"it cannot be logged as JSON ({exc})") from None
     reply = Reply(
         message,
         text_of(message),
@@ -266,6 +260,26 @@ def end_poll(
         replacement = verdict.replacement
         log.push(ReplyReplaced(guard=replacement.guard, text=replacement.text), now)
     return log.events, log.state
+
+
+def _as_logged(response: object) -> tuple[dict[str, Any], msgspec.Raw]:
+    """The response as the log reads it back, and its JSON. A backend other than OpenAIChat
+    may hand over anything: a value JSON does not hold as it is (a tuple, a NaN, a key
+    that is not a string) is kept in its JSON form, so that the live state is the
+    replayed one; and one nested deeper than MAX_JSON_DEPTH is refused, as logging it
+    (and reading it back) would recurse as deep as the stack goes."""
+    if not isinstance(response, dict):
+        raise _malformed(f"expected a JSON object, got {type(response).__name__}")
+    plain = is_plain_json(response, MAX_JSON_DEPTH)
+    if not plain and nests_deeper(response, MAX_JSON_DEPTH):
+        raise _malformed(f"it nests more than {MAX_JSON_DEPTH} levels deep")
+    try:
+        encoded = _json.encode(response)
+    except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as exc:
+        raise _malformed(f"it cannot be logged as JSON ({exc})") from None
+    if not plain:
+        response = _decode(encoded)
+    return response, msgspec.Raw(encoded)
 
 
 def _malformed(what: str) -> ChatError:
@@ -312,6 +326,11 @@ def _check_calls(calls: list[Any], call_prefix: str) -> tuple[list[Any], bool]:
     itself when none did)."""
     fixed: list[Any] | None = None
     ids: set[str] = set()
+    # A made-up id must not be one the model gave another call of the reply, earlier or
+    # later: two pending calls with one id could not both be answered.
+    given = {
+        call["id"] for call in calls if isinstance(call, dict) and isinstance(call.get("id"), str)
+    }
     for index, call in enumerate(calls):
         if not isinstance(call, dict):
             raise _malformed(f"choices[0].message.tool_calls[{index}] is not an object")
@@ -324,6 +343,8 @@ def _check_calls(calls: list[Any], call_prefix: str) -> tuple[list[Any], bool]:
         call_id = call.get("id")
         if not isinstance(call_id, str) or not call_id or call_id in ids:
             call_id = f"{call_prefix}_{index}"
+            while call_id in given or call_id in ids:
+                call_id += "_"
             call = {**call, "id": call_id}
             fixed = fixed if fixed is not None else calls[:index]
         if call.get("type") != "function":

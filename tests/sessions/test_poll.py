@@ -643,3 +643,15 @@ async def test_a_response_json_does_not_hold_as_it_is_is_kept_as_the_log_reads_i
     (call,) = next(m["tool_calls"] for m in state.history if m.get("tool_calls"))
     assert call["function"]["arguments"]["seen"] == [1, 2]
     assert replay(decode_jsonl(encode_jsonl(events)).events) == state
+
+
+async def test_a_chat_error_with_a_lone_surrogate_logs_with_it_replaced() -> None:
+    async def chat(request: dict[str, Any]) -> Any:
+        raise ChatError(b"bad \xff name".decode("utf-8", "surrogateescape"), transient=False)
+
+    with pytest.raises(ChatError) as caught:
+        await poll_turn(open_session(SPEC), Kickoff("go"), chat)
+    failed = caught.value.events[-1].event
+    assert isinstance(failed, ChatFailed)
+    assert failed.error == "bad ? name"
+    assert decode_jsonl(encode_jsonl(caught.value.events)).events == caught.value.events

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -21,6 +22,11 @@ class ChatError(TurnkeeperError):
 
     When raised out of `poll_turn`, `events` holds what the failed poll should log
     (retries and a `local.chat_error`), numbered after the state's last seq.
+
+    What it carries is logged, so it is kept loggable whatever a backend passes: the
+    message as text with each lone surrogate (from a name decoded with surrogateescape,
+    say) made "?", a status only if it is an int, a retry_after only if it is a finite
+    number of seconds.
     """
 
     def __init__(
@@ -31,11 +37,19 @@ class ChatError(TurnkeeperError):
         status: int | None = None,
         retry_after: float | None = None,
     ) -> None:
-        super().__init__(message)
-        self.message = message
-        self.transient = transient
-        self.status = status
-        self.retry_after = retry_after
+        text = message if isinstance(message, str) else str(message)
+        if not text.isascii():
+            text = text.encode("utf-8", "replace").decode("utf-8")
+        super().__init__(text)
+        self.message = text
+        self.transient = bool(transient)
+        self.status = status if type(status) is int else None
+        finite = (
+            isinstance(retry_after, int | float)
+            and not isinstance(retry_after, bool)
+            and math.isfinite(retry_after)
+        )
+        self.retry_after = float(retry_after) if finite and retry_after is not None else None
         self.events: tuple[Envelope, ...] = ()
 
     def __repr__(self) -> str:

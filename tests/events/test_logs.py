@@ -47,13 +47,14 @@ FILE_KINDS = ["jsonl", "sqlite"]
 KINDS = ["memory", *FILE_KINDS]
 
 
-def factory(kind: str, where: Path) -> LogFactory:
-    """A maker of logs of `kind` over the same storage under `where` (each call reopens it)."""
+def factory(kind: str, where: Path, *, read_only: bool = False) -> LogFactory:
+    """A maker of logs of `kind` over the same storage under `where` (each call reopens
+    it); of logs that only read it if `read_only` (a file kind's)."""
     if kind == "memory":
         return MemoryLog
     if kind == "jsonl":
-        return lambda: JsonlLog(where / "log")
-    return lambda: SqliteLog(where / "log.db")
+        return lambda: JsonlLog(where / "log", read_only=read_only)
+    return lambda: SqliteLog(where / "log.db", read_only=read_only)
 
 
 @pytest.fixture(params=KINDS)
@@ -528,6 +529,47 @@ async def test_reopened_log_reads_the_same_events_and_appends_on(
         await log.append([envelope("a", 4, at=3e9)], expected_seq=3)
         after = await log.read_all(after=before[1][-1][0])
         assert [(e.session_id, e.seq) for _, e in after] == [("a", 4)]
+
+
+@pytest.mark.anyio
+async def test_a_log_is_writable_from_open_to_close(make_log: LogFactory) -> None:
+    log = make_log()
+    states = [log.writable]
+    async with log:
+        states.append(log.writable)
+        await log.append(run("s1", 1, 1), expected_seq=0)
+        states.append(log.writable)
+    states.append(log.writable)
+    assert states == [False, True, True, False]
+
+
+@pytest.mark.parametrize("kind", FILE_KINDS)
+@pytest.mark.anyio
+async def test_a_file_log_opened_beside_a_writer_or_read_only_only_reads(
+    tmp_path: Path, kind: str
+) -> None:
+    make = factory(kind, tmp_path)
+    async with make() as writer:
+        await writer.append(run("s1", 1, 2), expected_seq=0)
+        for reader, why in [
+            (make(), "another log writes it"),
+            (factory(kind, tmp_path, read_only=True)(), "it was opened read_only"),
+        ]:
+            async with reader:
+                assert not reader.writable
+                assert await reader.read("s1") == run("s1", 1, 2)
+                with pytest.raises(LogError, match=f"this log only reads the .*: {why}"):
+                    await reader.append([envelope("s1", 3)], expected_seq=2)
+                assert await reader.last_seq("s1") == 2
+        assert writer.writable
+        await writer.append([envelope("s1", 3)], expected_seq=2)
+    async with factory(kind, tmp_path, read_only=True)() as reader:
+        assert await reader.read("s1") == run("s1", 1, 3)
+        assert not reader.writable
+        # A reader takes no lock: a writer opened beside it writes.
+        async with make() as writer:
+            assert writer.writable
+            await writer.append([envelope("s1", 4)], expected_seq=3)
 
 
 @pytest.mark.anyio

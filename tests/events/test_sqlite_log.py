@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import itertools
 import json
@@ -450,51 +451,226 @@ async def test_reads_leave_the_garbage_collector_as_they_found_it(tmp_path: Path
             gc.enable()
 
 
+def insert(path: Path, events: list[Envelope]) -> None:
+    """Write events into the file directly, as a writer that takes no lock would (one of
+    an older turnkeeper, say)."""
+    rows = [(e.session_id, e.seq, e.at, e.type, encode_envelope(e)) for e in events]
+    connection = sqlite3.connect(path, isolation_level=None)
+    try:
+        connection.executemany(
+            "INSERT INTO events (session_id, seq, at, type, body) VALUES (?, ?, ?, ?, ?)", rows
+        )
+    finally:
+        connection.close()
+
+
 @pytest.mark.anyio
-async def test_another_writer_between_two_appends_is_seen(tmp_path: Path) -> None:
+async def test_a_writer_that_takes_no_lock_between_two_appends_is_seen(tmp_path: Path) -> None:
     path = tmp_path / "log.db"
-    async with SqliteLog(path) as log, SqliteLog(path) as other:
+    async with SqliteLog(path) as log:
         await log.append(run("s1", 1, 2), expected_seq=0)
-        await other.append(run("s1", 3, 1), expected_seq=2)
+        insert(path, run("s1", 3, 1))
         with pytest.raises(SeqConflict) as conflict:
             await log.append(run("s1", 3, 1), expected_seq=2)
         assert conflict.value.actual == 3
         await log.append(run("s1", 4, 1), expected_seq=3)
-        await other.append(run("s2", 1, 1), expected_seq=0)
-        with pytest.raises(SeqConflict):
+        insert(path, run("s2", 1, 1))
+        with pytest.raises(SeqConflict) as created:
             await log.append(run("s2", 1, 1), expected_seq=0)
-        assert await other.read("s1") == run("s1", 1, 4)
+        assert created.value.actual == 1
+        assert await log.read("s1") == run("s1", 1, 4)
+        assert await log.sessions() == ["s1", "s2"]
 
 
-WRITER = """
+def lock_file(path: Path) -> Path:
+    return path.with_name(f"{path.name}-writer.lock")
+
+
+def names(directory: Path) -> list[str]:
+    """The names of the entries in `directory`."""
+    return sorted(path.name for path in directory.iterdir())
+
+
+@pytest.mark.anyio
+async def test_a_second_log_on_a_file_only_reads_it(tmp_path: Path) -> None:
+    path = tmp_path / "log.db"
+    async with SqliteLog(path) as writer:
+        await writer.append(run("s1", 1, 2), expected_seq=0)
+        was_writable = writer.writable
+        async with SqliteLog(path) as second:
+            assert not second.writable
+            assert await second.read("s1") == run("s1", 1, 2)
+            for events, expected in ((run("s1", 3, 1), 2), (run("s2", 1, 1), 0)):
+                with pytest.raises(LogError) as refused:
+                    await second.append(events, expected_seq=expected)
+                assert str(refused.value) == (
+                    f"{path}: this log only reads the file: another log writes it "
+                    f"(it holds the writer lock {lock_file(path)})"
+                )
+            await writer.append(run("s1", 3, 1), expected_seq=2)
+            assert await second.read("s1") == run("s1", 1, 3)
+        # The second log's close leaves the writer's lock alone.
+        await writer.append(run("s1", 4, 1), expected_seq=3)
+    assert (was_writable, writer.writable) == (True, False)
+    # Once the writer has closed, the next log to open writes.
+    async with SqliteLog(path) as log:
+        assert log.writable
+        await log.append(run("s1", 5, 1), expected_seq=4)
+        assert await log.read("s1") == run("s1", 1, 5)
+
+
+SECOND_WRITER = """
 import sys
 import anyio
 from tests.events.test_logs import run
+from turnkeeper.events import LogError
 from turnkeeper.events._sqlite_log import SqliteLog
 
 async def main() -> None:
     async with SqliteLog(sys.argv[1]) as log:
-        await log.append(run("s1", 2, 2), expected_seq=1)
-        await log.append(run("s2", 1, 1), expected_seq=0)
+        seqs = [e.seq for e in await log.read("s1")]
+        try:
+            await log.append(run("s1", len(seqs) + 1, 1), expected_seq=len(seqs))
+        except LogError as exc:
+            print(log.writable, seqs, exc)
+        else:
+            print(log.writable, seqs, "appended")
 
 anyio.run(main)
 """
 
 
 @pytest.mark.anyio
-async def test_another_process_writing_between_two_appends_is_seen(tmp_path: Path) -> None:
+async def test_a_log_in_another_process_only_reads_while_this_one_writes(tmp_path: Path) -> None:
+    path = tmp_path / "log.db"
+    second = [sys.executable, "-c", SECOND_WRITER, str(path)]
+    async with SqliteLog(path) as log:
+        await log.append(run("s1", 1, 1), expected_seq=0)
+        refused = (await anyio.run_process(second)).stdout.decode()
+        assert refused == (
+            f"False [1] {path}: this log only reads the file: another log writes it "
+            f"(it holds the writer lock {lock_file(path)})\n"
+        )
+        await log.append(run("s1", 2, 1), expected_seq=1)
+    appended = (await anyio.run_process(second)).stdout.decode()
+    assert appended == "True [1, 2] appended\n"
+    async with SqliteLog(path, read_only=True) as reader:
+        assert await reader.read("s1") == run("s1", 1, 3)
+
+
+@pytest.mark.anyio
+async def test_a_read_only_log_reads_beside_a_writer_and_never_blocks_it(tmp_path: Path) -> None:
     path = tmp_path / "log.db"
     async with SqliteLog(path) as log:
         await log.append(run("s1", 1, 1), expected_seq=0)
-        await anyio.run_process([sys.executable, "-c", WRITER, str(path)])
-        with pytest.raises(SeqConflict) as conflict:
-            await log.append(run("s1", 2, 1), expected_seq=1)
-        assert conflict.value.actual == 3
-        with pytest.raises(SeqConflict) as created:
-            await log.append(run("s2", 1, 1), expected_seq=0)
-        assert created.value.actual == 1
-        await log.append(run("s1", 4, 1), expected_seq=3)
-        assert await log.read("s1") == run("s1", 1, 4)
+    async with SqliteLog(path, read_only=True) as reader:
+        assert not reader.writable
+        assert await reader.read("s1") == run("s1", 1, 1)
+        # Opened after the reader, the writer takes the lock, and its appends do not wait.
+        async with SqliteLog(path) as writer:
+            assert writer.writable
+            for seq in range(2, 12):
+                with anyio.fail_after(2):
+                    await writer.append(run("s1", seq, 1), expected_seq=seq - 1)
+                    assert await reader.last_seq("s1") == seq
+            assert [e for _, e in await reader.read_all()] == run("s1", 1, 11)
+            with pytest.raises(
+                LogError, match="this log only reads the file: it was opened read_only"
+            ):
+                await reader.append(run("s2", 1, 1), expected_seq=0)
+            with anyio.fail_after(2):
+                async with SqliteLog(path, read_only=True) as beside:
+                    assert await beside.read("s1") == run("s1", 1, 11)
+    assert repr(reader) == f"SqliteLog({str(path)!r}, read_only=True)"
+
+
+@pytest.mark.anyio
+async def test_a_read_only_log_never_writes_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "log.db"
+    async with SqliteLog(path) as log:
+        await log.append(run("s1", 1, 2), expected_seq=0)
+    # A version 1 file reads as it is: only a writer upgrades it.
+    execute(path, "DROP TRIGGER session_opened", "PRAGMA user_version = 1")
+    lock_file(path).unlink()
+    before = path.read_bytes()
+    async with SqliteLog(path, read_only=True) as reader:
+        assert await reader.sessions() == ["s1"]
+        assert await reader.read("s1") == run("s1", 1, 2)
+    assert path.read_bytes() == before
+    assert not lock_file(path).exists()
+
+
+@pytest.mark.anyio
+async def test_a_read_only_log_needs_a_turnkeeper_log_there(tmp_path: Path) -> None:
+    with pytest.raises(LogError, match=r"missing\.db: no log file there"):
+        await SqliteLog(tmp_path / "missing.db", read_only=True).sessions()
+    assert names(tmp_path) == []
+    execute(tmp_path / "other.db", "CREATE TABLE events (id INTEGER PRIMARY KEY, name TEXT)")
+    with pytest.raises(LogError, match=r"other\.db: not a turnkeeper event log"):
+        await SqliteLog(tmp_path / "other.db", read_only=True).sessions()
+    execute(tmp_path / "other.db", "PRAGMA user_version = 7")
+    with pytest.raises(LogError, match="schema version 7 is not turnkeeper's"):
+        await SqliteLog(tmp_path / "other.db", read_only=True).sessions()
+    (tmp_path / "text.db").write_bytes(b"this is not a database at all, just some text. " * 40)
+    with pytest.raises(LogCorrupt, match=r"text\.db: not a readable SQLite event log"):
+        await SqliteLog(tmp_path / "text.db", read_only=True).sessions()
+
+
+@pytest.mark.anyio
+async def test_an_open_that_fails_releases_the_lock(tmp_path: Path) -> None:
+    path = tmp_path / "log.db"
+    async with SqliteLog(path) as log:
+        await log.append(run("s1", 1, 1), expected_seq=0)
+    execute(path, "PRAGMA user_version = 7")
+    log = SqliteLog(path)
+    with pytest.raises(LogError, match="schema version 7 is not turnkeeper's"):
+        await log.sessions()
+    execute(path, "PRAGMA user_version = 2")
+    async with SqliteLog(path) as other:
+        assert other.writable
+        await other.append(run("s1", 2, 1), expected_seq=1)
+    # The log that failed to open opens on its next use, and writes.
+    await log.append(run("s1", 3, 1), expected_seq=2)
+    assert log.writable
+    await log.close()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("fails", [False, True], ids=["then-opens", "then-fails"])
+async def test_an_open_cancelled_while_it_holds_the_lock_releases_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fails: bool
+) -> None:
+    path = tmp_path / "log.db"
+    opening = threading.Event()
+    go_on = threading.Event()
+    real_connect = sqlite_log._connect
+
+    def slow_connect(path: Path) -> tuple[sqlite3.Connection, sqlite3.Connection]:
+        opening.set()
+        go_on.wait()
+        if fails:
+            raise LogError("the disk went away")
+        return real_connect(path)
+
+    async def use(log: SqliteLog) -> None:
+        with contextlib.suppress(LogError):
+            async with log:
+                await anyio.sleep_forever()
+
+    monkeypatch.setattr(sqlite_log, "_connect", slow_connect)
+    log = SqliteLog(path)
+    with anyio.CancelScope() as scope:
+        async with anyio.create_task_group() as group:
+            group.start_soon(use, log)
+            assert await anyio.to_thread.run_sync(opening.wait, 10)
+            scope.cancel()
+            # The thread, holding the lock, goes on to connect after the cancel.
+            go_on.set()
+    assert not log.writable
+    monkeypatch.setattr(sqlite_log, "_connect", real_connect)
+    async with SqliteLog(path) as other:
+        assert other.writable
+        await other.append(run("s1", 1, 1), expected_seq=0)
 
 
 class FailsAfterInsert:
@@ -677,7 +853,9 @@ async def test_every_close_returns_once_the_appends_in_flight_are_written(
 
     async def close(log: SqliteLog, name: str) -> None:
         await log.close()
-        closed.append(f"{name} at seq {await SqliteLog(log.path).last_seq('a')}")
+        reader = SqliteLog(log.path, read_only=True)
+        closed.append(f"{name} at seq {await reader.last_seq('a')}")
+        await reader.close()
 
     log = SqliteLog(tmp_path / "log.db")
     async with anyio.create_task_group() as group:

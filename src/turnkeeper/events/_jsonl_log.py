@@ -154,6 +154,9 @@ class JsonlLog(EventLog):
             self._order_fd = None
         self._unlock()
 
+    def _writes(self) -> bool:
+        return self._lock_fd is not None
+
     def _unlock(self) -> None:
         """Release the directory's writer lock if this log holds it."""
         if self._lock_fd is not None:

@@ -148,6 +148,19 @@ class EventLog(ABC):
         self._state: Literal["new", "open", "closed"] = "new"
         self._open_lock = anyio.Lock()
 
+    @property
+    def writable(self) -> bool:
+        """Whether this log can append: it is open (by `async with` or its first use, and
+        not closed since) and writes its storage.
+
+        A MemoryLog writes once open. A JsonlLog or SqliteLog writes only if it holds its
+        storage's writer lock, which it tries to take as it opens and releases on `close`:
+        one opened `read_only`, or opened while another log (in this process or another)
+        held the lock, only reads, and its appends raise LogError saying why. Code that
+        must write (a Host) opens the log first, then checks this.
+        """
+        return self._state == "open" and self._writes()
+
     async def __aenter__(self) -> Self:
         await self._ready()
         return self
@@ -232,6 +245,10 @@ class EventLog(ABC):
                     self._state = "open"
         if self._state == "closed":
             raise LogError(f"{self!r} is closed")
+
+    def _writes(self) -> bool:
+        """Whether the open log writes its storage (see `writable`)."""
+        return True
 
     @abstractmethod
     async def _open(self) -> None:

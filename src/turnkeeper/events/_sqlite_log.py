@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import io
 import os
 import sqlite3
@@ -56,6 +58,8 @@ _SESSION_ROWS = """SELECT pos, session_id, seq, body FROM events
 _ALL_ROWS = "SELECT pos, session_id, seq, body FROM events WHERE pos > ? ORDER BY pos LIMIT ?"
 _SESSIONS = "SELECT session_id FROM sessions ORDER BY id"
 _BUSY_TIMEOUT_MS = 5000
+# The writer lock's file, beside the database: `log.db` is locked by `log.db-writer.lock`.
+_LOCK_SUFFIX = "-writer.lock"
 # Rows per page: large enough that the worker-thread hop is cheap next to decoding the
 # page, small enough that decoding one (on the event loop) stays within milliseconds.
 _PAGE = 4096
@@ -105,6 +109,17 @@ class _Page(msgspec.Struct, frozen=True):
         return self.seqs[-1] if query.by_seq else self.positions[-1]
 
 
+class _Storage(msgspec.Struct):
+    """What opening a SqliteLog's file gives: the writer's connection and the writer lock's
+    descriptor (None for a log that only reads, and then why it does), and the reader's
+    connection."""
+
+    writer: sqlite3.Connection | None
+    lock_fd: int | None
+    reader: sqlite3.Connection
+    read_only_because: str = ""
+
+
 class SqliteLog(EventLog):
     """An event log in the SQLite file at `path` (created if missing), in WAL mode.
 
@@ -128,35 +143,79 @@ class SqliteLog(EventLog):
     calling thread while the next page is fetched. Other processes may read the file
     while this one writes. Positions are the events' row ids, increasing in commit order
     and never reused.
+
+    One log writes a file at a time: opening one takes a lock on the file `path` +
+    `-writer.lock` beside it, held until `close`, and a log opened while another (in this
+    process or another) holds it only reads: its appends raise LogError, and `writable` is
+    False. So two Hosts on one file cannot both write its sessions. A log opened
+    `read_only` never takes the lock and never writes the database (it opens it
+    read-only, and the file must exist), so a reader (a tailer, the command line) cannot
+    keep a writer that starts at the same moment from writing.
     """
 
+    # The writer exists only in a log that writes (`_writing`).
     _writer: Writer
     _reader: sqlite3.Connection
     _read_limiter: anyio.CapacityLimiter
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, read_only: bool = False) -> None:
         super().__init__()
         self.path = Path(path)
+        self.read_only = read_only
+        self._writing = False
+        self._lock_fd: int | None = None
+        self._read_only_because = ""
 
     @property
     def commits(self) -> int:
         """Transactions committed so far."""
-        return self._writer.commits if self._state != "new" else 0
+        return self._writer.commits if self._writing else 0
 
     def __repr__(self) -> str:
-        return f"SqliteLog({str(self.path)!r})"
+        suffix = ", read_only=True" if self.read_only else ""
+        return f"SqliteLog({str(self.path)!r}{suffix})"
 
     async def _open(self) -> None:
         self._read_limiter = anyio.CapacityLimiter(1)
-        writer, self._reader = await anyio.to_thread.run_sync(_connect, self.path)
-        checkpointer = Checkpointer(partial(_connection, self.path), self.path)
-        self._writer = Writer(writer, self.path, checkpointer)
+        # One call in a thread, and nothing awaited after it: a cancelled open either
+        # fails in the thread (which lets go of what it took) or opens the log whole,
+        # for `close` to release.
+        storage = await anyio.to_thread.run_sync(_open_storage, self.path, self.read_only)
+        self._reader = storage.reader
+        self._lock_fd = storage.lock_fd
+        self._read_only_because = storage.read_only_because
+        if storage.writer is not None:
+            try:
+                checkpointer = Checkpointer(partial(_connection, self.path), self.path)
+                self._writer = Writer(storage.writer, self.path, checkpointer)
+                self._writing = True
+            except BaseException:
+                storage.writer.close()
+                storage.reader.close()
+                self._unlock()
+                raise
 
     async def _close(self) -> None:
-        await self._writer.close()
-        await anyio.to_thread.run_sync(self._reader.close, limiter=self._read_limiter)
+        try:
+            if self._writing:
+                await self._writer.close()
+            await anyio.to_thread.run_sync(self._reader.close, limiter=self._read_limiter)
+        finally:
+            # Once the writer's connection is closed: the next writer starts after this one.
+            self._unlock()
+
+    def _writes(self) -> bool:
+        return self._writing
+
+    def _unlock(self) -> None:
+        """Release the writer lock if this log holds it."""
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
 
     async def _append(self, batch: Batch) -> None:
+        if not self._writing:
+            raise LogError(f"{self.path}: this log only reads the file: {self._read_only_because}")
         await self._writer.append(batch)
 
     async def _read(self, session_id: str, after: int, limit: int | None) -> list[Envelope]:
@@ -271,12 +330,82 @@ class SqliteLog(EventLog):
         return await anyio.to_thread.run_sync(guarded, limiter=self._read_limiter)
 
 
-def _connect(path: Path) -> tuple[sqlite3.Connection, sqlite3.Connection]:
-    """Open the writer and reader connections, making the schema if the file is new."""
+def _open_storage(path: Path, read_only: bool) -> _Storage:
+    """Open the file for a log: read-only if `read_only`, else as its writer if the writer
+    lock can be taken, else for reading only (after making the schema, if the file is new,
+    so that the reader finds it even if the lock's holder has not made it yet)."""
+    if read_only:
+        return _Storage(None, None, _read_only_connection(path), "it was opened read_only")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise LogError(f"{path}: cannot make its directory: {exc}") from None
+    lock_fd, because = _lock(path)
+    try:
+        writer, reader = _connect(path)
+    except BaseException:
+        if lock_fd is not None:
+            os.close(lock_fd)
+        raise
+    if lock_fd is None:
+        writer.close()
+        return _Storage(None, None, reader, because)
+    return _Storage(writer, lock_fd, reader)
+
+
+def _lock(path: Path) -> tuple[int | None, str]:
+    """Take the writer lock of the database at `path`: the lock's descriptor, or None and
+    why it was not taken (another log holds it, or it cannot be taken here).
+
+    The lock is a flock on a file of its own beside the database, not on the database:
+    a descriptor of ours on the database would, once closed, drop every fcntl lock this
+    process holds on it, SQLite's own included, and on NFS flock is emulated with fcntl
+    locks, which would collide with SQLite's.
+    """
+    lock_path = path.with_name(path.name + _LOCK_SUFFIX)
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        return None, f"cannot open its writer lock: {exc}"
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        os.close(fd)
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            return None, f"another log writes it (it holds the writer lock {lock_path})"
+        return None, f"cannot take its writer lock {lock_path}: {exc}"
+    return fd, ""
+
+
+def _read_only_connection(path: Path) -> sqlite3.Connection:
+    """A connection that only reads the database (which must exist and be turnkeeper's)."""
+    if not path.is_file():
+        raise LogError(f"{path}: no log file there")
+    # As a URI, so that SQLite opens the file read-only (mode=ro); any name can be one.
+    uri = f"{path.absolute().as_uri()}?mode=ro"
+    try:
+        connection = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+    except sqlite3.Error as exc:
+        raise sqlite_error(path, exc) from None
+    try:
+        connection.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
+        version = _user_version(connection)
+    except BaseException as exc:
+        connection.close()
+        if isinstance(exc, sqlite3.Error):
+            raise sqlite_error(path, exc) from None
+        raise
+    # A version 1 file reads as a version 2 one does (only its writer differs).
+    if version not in (1, _SCHEMA_VERSION):
+        connection.close()
+        if version == 0:
+            raise LogError(f"{path}: not a turnkeeper event log (it has no log schema)")
+        raise LogError(f"{path}: schema version {version} is not turnkeeper's ({_SCHEMA_VERSION})")
+    return connection
+
+
+def _connect(path: Path) -> tuple[sqlite3.Connection, sqlite3.Connection]:
+    """Open the writer and reader connections, making the schema if the file is new."""
     connections: list[sqlite3.Connection] = []
     try:
         for _ in range(2):

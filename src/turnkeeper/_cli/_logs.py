@@ -78,7 +78,10 @@ def _kind(path: Path) -> Kind:
 
 
 def _open(path: Path, kind: Kind, *, read_only: bool = False) -> EventLog:
-    return JsonlLog(path, read_only=read_only) if kind == "directory" else SqliteLog(path)
+    """The log at `path`; with `read_only`, one that takes no writer lock and never writes."""
+    if kind == "directory":
+        return JsonlLog(path, read_only=read_only)
+    return SqliteLog(path, read_only=read_only)
 
 
 async def _read_jsonl(path: Path) -> JsonlRead:
@@ -143,7 +146,14 @@ class Recorder:
                         "cut short); move the file aside or repair it first"
                     )
         else:
-            self._log = await _open(self._path, kind).__aenter__()
+            log = await _open(self._path, kind).__aenter__()
+            if not log.writable:
+                await log.close()
+                raise LogError(
+                    f"--log {self.name}: another turnkeeper process writes this log "
+                    "(or its writer lock cannot be taken here); pick another log"
+                )
+            self._log = log
         return self
 
     async def __aexit__(

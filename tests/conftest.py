@@ -1,4 +1,4 @@
-"""Run every anyio test on both backends."""
+"""Run every anyio test on both backends; give Hypothesis examples no deadline."""
 
 from __future__ import annotations
 
@@ -8,6 +8,12 @@ from __future__ import annotations
 # tests/sessions/test_rebuild.py run alone; see CPython gh-106905 and pytest #10763).
 import hypothesis.internal.conjecture.optimiser  # noqa: F401
 import pytest
+from hypothesis import settings
+
+# A deadline is a timing assertion, and a loaded machine fails it at random (speed is
+# measured in bench/). Tests that set their own settings keep them.
+settings.register_profile("turnkeeper", deadline=None)
+settings.load_profile("turnkeeper")
 
 
 @pytest.fixture(params=["asyncio", "trio"])

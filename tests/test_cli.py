@@ -340,12 +340,37 @@ def test_a_recorded_loop_replays_and_would_halt_under_other_guards(
     assert unchanged.code == 0
     assert unchanged.out.splitlines()[-1].endswith("the same outcome at every poll")
 
+    no_dedup = cli("replay", path, "--guards", '{"duplicates": null}', cwd=tmp_path)
+    assert no_dedup.code == 1
+    assert no_dedup.out.splitlines()[-1] == (
+        "under the given guards: would let the model's reply stand at poll 2 "
+        "(the log shows: self-answer the repeated call of capital_of)"
+    )
+
     (tmp_path / "loop-on.json").write_text('{"loop": {}}')
     warning = cli("replay", path, "--guards", str(tmp_path / "loop-on.json"), cwd=tmp_path)
     assert warning.code == 1
     assert warning.out.splitlines()[-1] == (
         "under the given guards: would add a directive from loop at poll 3 "
         "(the log shows: call the model)"
+    )
+
+
+def test_replay_under_guards_names_the_halt_of_a_guard_turned_off(tmp_path: Path) -> None:
+    unknown = [reply(tool_response(("no_such_tool", {"x": n}, f"call_{n}"))) for n in (1, 2)]
+    with chat_server(*unknown) as server:
+        done = cli(
+            "run", "Look it up", "--base-url", server.base_url, "--log", "bad.jsonl", cwd=tmp_path
+        )
+    assert done.code == 1
+    assert "halted by repair (bad_tool_calls)" in done.err
+    same = cli("replay", "bad.jsonl", "--guards", "{}", cwd=tmp_path)
+    assert same.code == 0
+    off = cli("replay", "bad.jsonl", "--guards", '{"repair": null}', cwd=tmp_path)
+    assert off.code == 1
+    assert off.out.splitlines()[-1] == (
+        "under the given guards: would let the model's reply stand at poll 2 "
+        "(the log shows: halt: bad_tool_calls)"
     )
 
 

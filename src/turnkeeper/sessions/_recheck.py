@@ -17,6 +17,7 @@ from turnkeeper.events import (
     ChatFailed,
     ChatRetried,
     DirectiveInjected,
+    DuplicateToolCall,
     Envelope,
     GuardConfig,
     Halted,
@@ -25,52 +26,31 @@ from turnkeeper.events import (
     MessageReceived,
     ModelResponded,
     ReplayError,
+    ReplyReplaced,
     SessionOpened,
     SessionState,
     TerminalToolCalled,
     ToolResultsReceived,
-    Usage,
     apply_event,
     initial_state,
+    replay,
 )
 from turnkeeper.guards import Guard, default_guards
 from turnkeeper.sessions._inputs import Input, Resume, UserMessage
 from turnkeeper.sessions._poll import begin_poll, end_poll
+from turnkeeper.sessions._run import RUNNER_HALTS
 
 
 class Divergence(msgspec.Struct, frozen=True):
-    """The first poll where the guards' events differ from the log's."""
+    """The first poll where the guards' events differ from the log's, at the step of it at
+    `seq`: the poll's input or the model's response. `logged` and `derived` are that step
+    and the guard events after it."""
 
     poll: int
     seq: int
     summary: str
     logged: tuple[AnyEvent, ...]
     derived: tuple[AnyEvent, ...]
-
-
-def _describe(events: Sequence[AnyEvent]) -> str:
-    for event in events:
-        if isinstance(event, Halted):
-            return f"halt: {event.reason}"
-        if isinstance(event, TerminalToolCalled):
-            return f"finish with {event.name}"
-    directives = [event for event in events if isinstance(event, DirectiveInjected)]
-    if directives:
-        return "add a directive from " + " and ".join(sorted({d.guard for d in directives}))
-    if any(isinstance(event, ModelResponded) for event in events):
-        return "call the model"
-    return "do nothing"
-
-
-def _diverged(
-    poll: int, seq: int, logged: Sequence[AnyEvent], derived: Sequence[AnyEvent]
-) -> Divergence:
-    then, now = _describe(logged), _describe(derived)
-    if now.startswith("halt: "):
-        summary = f"would halt at poll {poll}: {now[6:]} (the log shows: {then})"
-    else:
-        summary = f"would {now} at poll {poll} (the log shows: {then})"
-    return Divergence(poll, seq, summary, tuple(logged), tuple(derived))
 
 
 def recheck(
@@ -80,12 +60,19 @@ def recheck(
     guard: Guard = default_guards,
 ) -> Divergence | None:
     """The first poll where `guard` under `guards` (default: the logged configuration)
-    would have produced other events than the log holds, or None if it agrees throughout."""
+    would have produced other guard events than the log holds, or None if it agrees
+    throughout.
+
+    At each poll the guard events re-derived after its input, and again after the model's
+    response, are compared with all the guard events the log holds there. A poll whose
+    model call has no response in the log (the call failed, the session was cancelled or
+    failed, the run stopped, or the log ends) is left there: the guards had no say in it.
+    """
     if not events or not isinstance(events[0].event, SessionOpened):
         raise ReplayError("recheck needs a session's log from its local.session_opened")
-    first = events[0]
-    assert isinstance(first.event, SessionOpened)
-    state: SessionState = initial_state(first.session_id, first.event)
+    opening = events[0]
+    assert isinstance(opening.event, SessionOpened)
+    state: SessionState = initial_state(opening.session_id, opening.event)
     if guards is not None:
         state = msgspec.structs.replace(state, guards=guards)
     state = msgspec.structs.replace(state, seq=1)
@@ -98,69 +85,164 @@ def recheck(
             index += 1
             continue
         poll += 1
-        given: Input = (
-            UserMessage(event.text)
-            if isinstance(event, MessageReceived)
-            else Resume(state.pending, event.results)
-        )
         try:
-            derived, begun, request = begin_poll(state, given, now=envelope.at, guard=guard)
+            derived, begun, request = begin_poll(
+                state, _input_of(state, event), now=envelope.at, guard=guard
+            )
         except InputError as exc:
             return Divergence(
                 poll, envelope.seq, f"poll {poll}: the logged input is refused: {exc}", (event,), ()
             )
-        matched = _match(events, index, derived)
-        if matched is not None:
-            return _diverged(poll, envelope.seq, matched, [e.event for e in derived])
-        index += len(derived)
-        state = begun
+        end, divergence = _compare(events, index, derived, poll, guard)
+        if divergence is not None:
+            return divergence
+        index, state = end, begun
         if request is None:
             continue
-        # What may be logged while the model call is in flight: retries, a failure, and
-        # messages queued for later.
+        # What may be logged while the model call is in flight: retries, failures (a Host
+        # makes the call again), and messages queued for later.
         while index < len(events) and isinstance(
             events[index].event, ChatRetried | ChatFailed | MessageQueued
         ):
             state = apply_event(state, events[index])
             index += 1
-        response = events[index] if index < len(events) else None
-        if response is None or not isinstance(response.event, ModelResponded):
-            logged = [e.event for e in events[index : index + 1]]
-            return _diverged(poll, envelope.seq, logged, [_MODEL_CALL])
-        logged_response = response.event.response
-        try:
-            after, ended = end_poll(
-                state, msgspec.json.decode(logged_response), now=response.at, guard=guard
-            )
-        except ChatError as exc:
-            # No live poll logs such a response: the log was written by other means.
-            raise ReplayError(f"session {response.session_id}: seq {response.seq}: {exc}") from None
-        # The response is the log's, byte for byte: end_poll encodes it again, and a log
-        # written elsewhere may spell the same JSON differently.
-        first = after[0]
-        assert isinstance(first.event, ModelResponded)
-        after[0] = msgspec.structs.replace(
-            first, event=msgspec.structs.replace(first.event, response=logged_response)
-        )
-        matched = _match(events, index, after)
-        if matched is not None:
-            return _diverged(poll, envelope.seq, matched, [e.event for e in after])
-        index += len(after)
-        state = ended
+        if index == len(events) or not isinstance(events[index].event, ModelResponded):
+            continue
+        after, ended = _end(state, events[index], guard)
+        end, divergence = _compare(events, index, after, poll, guard)
+        if divergence is not None:
+            return divergence
+        index, state = end, ended
     return None
 
 
-_MODEL_CALL = ModelResponded(
-    response=msgspec.Raw(b"{}"), message={"role": "assistant"}, finish_reason=None, usage=Usage()
-)
-"""Stands for "the guards would call the model here" in a divergence."""
+def _input_of(state: SessionState, event: MessageReceived | ToolResultsReceived) -> Input:
+    """The input of a poll, from its logged event."""
+    if isinstance(event, MessageReceived):
+        return UserMessage(event.text)
+    return Resume(state.pending, event.results)
 
 
-def _match(
-    events: Sequence[Envelope], start: int, derived: Sequence[Envelope]
-) -> list[AnyEvent] | None:
-    """None if the log holds `derived`'s events from `start`, else the logged events there."""
-    logged = [e.event for e in events[start : start + len(derived)]]
-    if logged == [e.event for e in derived]:
-        return None
-    return logged
+def _end(
+    state: SessionState, response: Envelope, guard: Guard
+) -> tuple[list[Envelope], SessionState]:
+    """The events `end_poll` derives for the logged `response`, and the state they lead to."""
+    logged = response.event
+    assert isinstance(logged, ModelResponded)
+    try:
+        after, ended = end_poll(
+            state, msgspec.json.decode(logged.response), now=response.at, guard=guard
+        )
+    except ChatError as exc:
+        # No live poll logs such a response: the log was written by other means.
+        raise ReplayError(f"session {response.session_id}: seq {response.seq}: {exc}") from None
+    # The response is the log's, byte for byte: end_poll encodes it again, and a log
+    # written elsewhere may spell the same JSON differently.
+    first = after[0]
+    assert isinstance(first.event, ModelResponded)
+    after[0] = msgspec.structs.replace(
+        first, event=msgspec.structs.replace(first.event, response=logged.response)
+    )
+    return after, ended
+
+
+def _by_guards(event: AnyEvent) -> bool:
+    """Whether `event` is one the guards derive (a halt a run logs itself is not)."""
+    if isinstance(event, Halted):
+        return event.guard not in RUNNER_HALTS
+    return isinstance(
+        event, DirectiveInjected | DuplicateToolCall | ReplyReplaced | TerminalToolCalled
+    )
+
+
+def _compare(
+    events: Sequence[Envelope], start: int, derived: Sequence[Envelope], poll: int, guard: Guard
+) -> tuple[int, Divergence | None]:
+    """Compare the step at `start` (a poll's input or the model's response) and every guard
+    event the log holds after it with `derived`. Returns the index after the logged step,
+    and the divergence if they differ."""
+    end = start + 1
+    while end < len(events) and _by_guards(events[end].event):
+        end += 1
+    logged = [envelope.event for envelope in events[start:end]]
+    now = [envelope.event for envelope in derived]
+    if end == len(events):
+        # The log may end partway through the step's events (a process stopped between
+        # two appends): the rest is what the log's own guards derive there.
+        own = _own(events, start, guard)
+        if len(logged) < len(own) and own[: len(logged)] == logged:
+            logged = own
+    if logged == now:
+        return end, None
+    return end, _diverged(poll, events[start], logged, now)
+
+
+def _own(events: Sequence[Envelope], start: int, guard: Guard) -> list[AnyEvent]:
+    """The events the log's own guard configuration derives for the step at `start`."""
+    state = replay(events[:start])
+    step = events[start]
+    event = step.event
+    if isinstance(event, ModelResponded):
+        derived, _ = _end(state, step, guard)
+    else:
+        assert isinstance(event, MessageReceived | ToolResultsReceived)
+        derived, _, _ = begin_poll(state, _input_of(state, event), now=step.at, guard=guard)
+    return [envelope.event for envelope in derived]
+
+
+def _describe(events: Sequence[AnyEvent]) -> str:
+    """What the guards do in a step's events, in words."""
+    done: list[str] = []
+    repeated = [event.name for event in events if isinstance(event, DuplicateToolCall)]
+    if repeated:
+        done.append("self-answer the repeated call of " + " and ".join(dict.fromkeys(repeated)))
+    directives = sorted({event.guard for event in events if isinstance(event, DirectiveInjected)})
+    if directives:
+        done.append("add a directive from " + " and ".join(directives))
+    for event in events:
+        if isinstance(event, Halted):
+            done.append(f"halt: {event.reason}")
+        elif isinstance(event, TerminalToolCalled):
+            done.append(f"finish with {event.name}")
+        elif isinstance(event, ReplyReplaced):
+            done.append(f"replace the model's reply ({event.guard})")
+    if done:
+        return ", then ".join(done)
+    if events and isinstance(events[0], ModelResponded):
+        return "let the model's reply stand"
+    return "call the model"
+
+
+def _diverged(
+    poll: int, step: Envelope, logged: Sequence[AnyEvent], derived: Sequence[AnyEvent]
+) -> Divergence:
+    then, now = _describe(logged), _describe(derived)
+    halt = next((event for event in derived if isinstance(event, Halted)), None)
+    doing = f"halt at poll {poll}: {halt.reason}" if halt else f"{now} at poll {poll}"
+    if then != now:
+        summary = f"would {doing} (the log shows: {then})"
+    else:
+        summary = f"would {doing} as the log shows, but {_difference(logged, derived)}"
+    return Divergence(poll, step.seq, summary, tuple(logged), tuple(derived))
+
+
+def _tag(event: AnyEvent) -> str:
+    tag = type(event).__struct_config__.tag
+    assert isinstance(tag, str)
+    return tag
+
+
+def _difference(logged: Sequence[AnyEvent], derived: Sequence[AnyEvent]) -> str:
+    """How two lists of events that read alike differ."""
+    for then, now in zip(logged, derived, strict=False):
+        if then == now:
+            continue
+        if type(then) is not type(now):
+            return f"the log holds {_tag(then)} where the guards derive {_tag(now)}"
+        fields = [
+            name
+            for name in type(then).__struct_fields__
+            if getattr(then, name) != getattr(now, name)
+        ]
+        return f"its {_tag(then)} differs in {', '.join(fields)}"
+    return f"the log holds {len(logged)} events there and the guards derive {len(derived)}"

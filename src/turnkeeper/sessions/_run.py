@@ -58,6 +58,12 @@ string halts the run with that message."""
 EventCallback = Callable[[Envelope], Any]
 """Called with each event as it happens; may be async."""
 
+RUNNER = "runner"
+TURN_GUARD = "turn_guard"
+RUNNER_HALTS = frozenset({RUNNER, TURN_GUARD})
+"""The `guard` names of the halts a run logs itself (a model failure, its timeout, its
+turn_guard), which no guard derives."""
+
 
 class RunResult(msgspec.Struct, frozen=True):
     """How a run ended. `transcript` reattaches (`run(..., history=transcript)`), `result`
@@ -235,7 +241,7 @@ async def run(
                     runner.state = fold(runner.state, error.events)
                     lead = f"The model failed: {error.message}"
                     message = with_last_result(runner.state, lead)
-                    await runner.emit(Halted(guard="runner", reason="chat_error", message=message))
+                    await runner.emit(Halted(guard=RUNNER, reason="chat_error", message=message))
                     turn = None
                     break
                 await runner.record(events)
@@ -247,7 +253,7 @@ async def run(
                     verdict = turn_guard(runner.state.usage, turns)
                     if verdict is not None:
                         await runner.emit(
-                            Halted(guard="turn_guard", reason="turn_guard", message=verdict)
+                            Halted(guard=TURN_GUARD, reason="turn_guard", message=verdict)
                         )
                         turn = None
                         break
@@ -258,7 +264,7 @@ async def run(
             with anyio.CancelScope(shield=True):
                 await runner.emit(
                     Halted(
-                        guard="runner",
+                        guard=RUNNER,
                         reason="timeout",
                         message=with_last_result(runner.state, lead),
                     )

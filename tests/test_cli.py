@@ -223,7 +223,58 @@ def test_ctrl_c_stops_a_run_with_exit_130_and_keeps_its_log(tmp_path: Path) -> N
     assert process.returncode == 130
     assert (out, err) == ("", "turnkeeper: interrupted\n")
     logged = [envelope.type for envelope in read_jsonl(tmp_path / "c.jsonl").events]
-    assert logged[-2:] == ["local.tool_call", "local.tool_result"]
+    # The poll the interrupted call was for is logged before the call.
+    assert logged[-3:] == ["local.tool_call", "local.tool_result", "local.tool_results"]
+
+
+def interrupted_in_the_first_call(tmp_path: Path, log: str) -> None:
+    with chat_server(Stall()) as server:
+        process = subprocess.Popen(
+            [*COMMAND, "run", "What is 2+3?", "--base-url", server.base_url, "--log", log],
+            cwd=tmp_path,
+            env=clean_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert process.stderr is not None
+        seen = [process.stderr.readline() for _ in range(3)]
+        assert seen[-1] == "model: thinking…\n"
+        process.send_signal(signal.SIGINT)
+        process.communicate(timeout=LIMIT)
+    assert process.returncode == 130
+
+
+@pytest.mark.parametrize("stop", ["timeout", "model failure", "ctrl-c"])
+def test_a_run_stopped_in_its_first_model_call_logs_a_session_that_replays(
+    tmp_path: Path, stop: str
+) -> None:
+    log = "first.jsonl"
+    if stop == "ctrl-c":
+        interrupted_in_the_first_call(tmp_path, log)
+    else:
+        failing = Reply(status=400, body={"error": {"message": "no such model"}})
+        with chat_server(Stall() if stop == "timeout" else failing) as server:
+            args = ["--timeout", "0.5"] if stop == "timeout" else []
+            done = cli(
+                "run",
+                "What is 2+3?",
+                "--base-url",
+                server.base_url,
+                "--log",
+                log,
+                *args,
+                cwd=tmp_path,
+            )
+        assert done.code == (1 if stop == "timeout" else 3)
+    logged = [envelope.type for envelope in read_jsonl(tmp_path / log).events]
+    assert logged[:2] == ["local.session_opened", "local.user_message"]
+    replayed = cli("replay", log, "--guards", "{}", cwd=tmp_path)
+    assert replayed.code == 0
+    assert "user: What is 2+3?" in replayed.out.splitlines()
+    assert replayed.out.splitlines()[-1] == (
+        "under the given guards: the same outcome at every poll"
+    )
 
 
 USER_TOOLS = """

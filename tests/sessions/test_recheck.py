@@ -425,7 +425,7 @@ WRITTEN: dict[Callable[[], Awaitable[list[Envelope]]], list[str]] = {
     queued_during_the_call: ["local.user_message", "local.model_response"],
     halted_then_asked_again: ["local.user_message", "local.model_response"],
     run_failing_at_once: ["local.chat_error", "local.halted"],
-    run_timing_out_in_a_call: ["local.tool_result", "local.halted"],
+    run_timing_out_in_a_call: ["local.tool_results", "local.halted"],
     run_stopped_by_its_turn_guard: ["local.model_response", "local.halted"],
 }
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from functools import partial
 from typing import Any
 
 import anyio
@@ -12,6 +13,7 @@ from turnkeeper.events import (
     AgentSpec,
     ChatError,
     Envelope,
+    MessageReceived,
     ToolCalled,
     ToolReturned,
     ToolSpec,
@@ -295,3 +297,76 @@ async def test_handler_returning_json_values_and_unencodable_values() -> None:
     }
     ids = [call["id"] for call in result.transcript[2]["tool_calls"]]
     assert [returned[i] for i in ids] == [False, True]
+
+
+async def hang(request: dict[str, Any]) -> dict[str, Any]:
+    await anyio.sleep(3600)
+    raise AssertionError("the model call was not cut short")
+
+
+async def test_a_timeout_during_the_first_model_call_logs_the_opening_and_the_prompt() -> None:
+    recorded: list[Envelope] = []
+    result = await run(SPEC, "What is 2 + 3?", hang, timeout=0.05, on_event=recorded.append)
+    assert (result.terminal, result.stop_reason) == ("terminated", "timeout")
+    assert [e.type for e in recorded] == [
+        "local.session_opened",
+        "local.user_message",
+        "local.halted",
+    ]
+    assert recorded[1].event == MessageReceived(text="What is 2 + 3?")
+    assert recorded == list(result.events)
+    assert replay(recorded) == result.state
+    assert recheck(recorded) is None
+
+
+async def test_a_failed_first_model_call_logs_the_prompt_before_the_failure() -> None:
+    chat = ScriptedChat([ChatError("HTTP 400: no such model", transient=False, status=400)])
+    result = await run(SPEC, "What is 2 + 3?", chat)
+    assert (result.terminal, result.stop_reason) == ("terminated", "chat_error")
+    assert [e.type for e in result.events] == [
+        "local.session_opened",
+        "local.user_message",
+        "local.chat_error",
+        "local.halted",
+    ]
+    assert result.events[1].event == MessageReceived(text="What is 2 + 3?")
+    assert replay(result.events) == result.state
+    assert result.state.history[-1] == {"role": "user", "content": "What is 2 + 3?"}
+    assert recheck(result.events) is None
+
+
+async def test_a_run_cancelled_during_its_first_model_call_has_logged_the_prompt() -> None:
+    recorded: list[Envelope] = []
+    entered = anyio.Event()
+
+    async def entering(request: dict[str, Any]) -> dict[str, Any]:
+        entered.set()
+        return await hang(request)
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(partial(run, SPEC, "What is 2 + 3?", entering, on_event=recorded.append))
+        await entered.wait()
+        group.cancel_scope.cancel()
+    assert [e.type for e in recorded] == ["local.session_opened", "local.user_message"]
+    state = replay(recorded)
+    assert state.in_poll
+    assert state.history[-1] == {"role": "user", "content": "What is 2 + 3?"}
+    assert recheck(recorded) is None
+
+
+async def test_a_timeout_lets_on_event_take_every_event_of_a_step_so_its_log_has_no_gap() -> None:
+    recorded: list[Envelope] = []
+
+    async def slow_to_record(envelope: Envelope) -> None:
+        if envelope.type == "local.model_response":
+            await anyio.sleep(0.5)  # the run's timeout passes meanwhile
+        recorded.append(envelope)
+
+    twice = ("add", {"a": 1, "b": 2})
+    chat = ScriptedChat([tool_response(twice, twice), hang])
+    result = await run(SPEC, "go", chat, tools={"add": add}, timeout=0.1, on_event=slow_to_record)
+    assert result.stop_reason == "timeout"
+    assert "local.duplicate_tool_call" in [e.type for e in recorded]
+    assert [e.seq for e in recorded] == list(range(1, len(recorded) + 1))
+    assert recorded == list(result.events)
+    assert replay(recorded) == result.state

@@ -13,20 +13,18 @@ from turnkeeper._cli import _codes
 from turnkeeper._cli._backend import chat_backend
 from turnkeeper._cli._guards import parse_guards
 from turnkeeper._cli._logs import Recorder
-from turnkeeper._cli._render import opened_line, result_text, step_line, user_line
+from turnkeeper._cli._render import result_text, step_line
 from turnkeeper._cli._toolset import example_tools, load_tools
 from turnkeeper.events import (
     AgentSpec,
     Envelope,
     GuardConfig,
     InputError,
-    MessageReceived,
-    SessionOpened,
     SmallModel,
     encode_envelope,
 )
 from turnkeeper.providers import Chat, aclose_shared_client
-from turnkeeper.sessions import RunResult, new_session_id, run
+from turnkeeper.sessions import RunResult, run
 from turnkeeper.tools._mcp import mcp_servers_from_commands
 
 SYSTEM_PROMPT = (
@@ -61,11 +59,6 @@ class _Output:
         if not self.json_lines:
             print(line, file=sys.stderr, flush=True)
 
-    def start(self, session_id: str, spec: AgentSpec, prompt: str) -> None:
-        # Said before the first model call, whose poll logs the opening and the prompt.
-        self._say(opened_line(session_id, spec))
-        self._say(user_line(prompt))
-
     def model_call(self) -> None:
         self._say("model: thinking…")
 
@@ -73,8 +66,6 @@ class _Output:
         if self.json_lines:
             sys.stdout.buffer.write(encode_envelope(envelope) + b"\n")
             sys.stdout.buffer.flush()
-            return
-        if isinstance(envelope.event, SessionOpened | MessageReceived):
             return
         line = step_line(envelope)
         if line is not None:
@@ -124,7 +115,6 @@ async def run_command(options: RunOptions) -> int:
         guards = parse_guards(options.guards).over(guards)
     chat = chat_backend(options.base_url, options.model)
     output = _Output(options.json)
-    session_id = new_session_id()
     async with contextlib.AsyncExitStack() as stack:
         recorder = None
         if options.log is not None:
@@ -136,7 +126,6 @@ async def run_command(options: RunOptions) -> int:
                 await recorder.record(envelope)
             output.event(envelope)
 
-        output.start(session_id, spec, options.prompt)
         result = await run(
             spec,
             options.prompt,
@@ -147,7 +136,6 @@ async def run_command(options: RunOptions) -> int:
             guards=guards,
             on_event=on_event,
             timeout=options.timeout,
-            session_id=session_id,
         )
     if not options.json:
         answer = result_text(result.result) if result.result is not None else result.text

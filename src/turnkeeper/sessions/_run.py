@@ -37,7 +37,7 @@ from turnkeeper.providers._chat import Chat
 from turnkeeper.sessions._inputs import Input, Kickoff, Resume
 from turnkeeper.sessions._normalize import Terminal, TurnResult, normalize
 from turnkeeper.sessions._open import open_session
-from turnkeeper.sessions._poll import emit, opened_event, poll_turn
+from turnkeeper.sessions._poll import begin_poll, emit, opened_event, poll_turn
 from turnkeeper.tools._handlers import (
     ToolContext,
     ToolHandler,
@@ -56,7 +56,8 @@ TurnGuard = Callable[[Usage, int], str | None]
 string halts the run with that message."""
 
 EventCallback = Callable[[Envelope], Any]
-"""Called with each event as it happens; may be async."""
+"""Called with each event as it happens; may be async. A timeout or cancel of the run waits
+for the events of a step to be all handed over, so what it records has no gap."""
 
 RUNNER = "runner"
 TURN_GUARD = "turn_guard"
@@ -95,14 +96,19 @@ class _Runner:
         self.span: AgentSpan | None = None
 
     async def record(self, events: Sequence[Envelope]) -> None:
+        """Take `events` as the run's next and hand each to `on_event`."""
         self.events.extend(events)
         if self.span is not None:
             self.span.record(events)
         if self.on_event is not None:
-            for envelope in events:
-                outcome = self.on_event(envelope)
-                if inspect.isawaitable(outcome):
-                    await outcome
+            # Shielded: a timeout or cancel cutting this short would leave the log that
+            # on_event writes without the rest, and the next event (the timeout's halt)
+            # would follow a gap.
+            with anyio.CancelScope(shield=True):
+                for envelope in events:
+                    outcome = self.on_event(envelope)
+                    if inspect.isawaitable(outcome):
+                        await outcome
 
     async def emit(self, event: AnyEvent) -> None:
         envelope, self.state = emit(self.state, event, at=self.clock())
@@ -232,20 +238,32 @@ async def run(
                         spec, pending, handler, mcp_tools, tool_concurrency, tool_timeout
                     )
                     next_input = Resume(pending, results)
-                try:
-                    events, runner.state = await poll_turn(
-                        runner.state, next_input, traced, guard=guard, clock=clock
-                    )
-                except ChatError as error:
-                    await runner.record(error.events)
-                    runner.state = fold(runner.state, error.events)
-                    lead = f"The model failed: {error.message}"
-                    message = with_last_result(runner.state, lead)
-                    await runner.emit(Halted(guard=RUNNER, reason="chat_error", message=message))
-                    turn = None
-                    break
-                await runner.record(events)
-                turn = normalize(events)
+                # The poll's input and guard events are logged before its model call, as a
+                # Host logs them: a log cut short during the call (a timeout, a failure,
+                # Ctrl-C) still opens the session and holds the prompt.
+                begun, runner.state, request = begin_poll(
+                    runner.state, next_input, now=clock(), guard=guard
+                )
+                await runner.record(begun)
+                events: tuple[Envelope, ...] = ()
+                if request is not None:
+                    try:
+                        # Given Resume(), poll_turn makes the call of the poll in flight.
+                        events, runner.state = await poll_turn(
+                            runner.state, Resume(), traced, guard=guard, clock=clock
+                        )
+                    except ChatError as error:
+                        await runner.record(error.events)
+                        runner.state = fold(runner.state, error.events)
+                        lead = f"The model failed: {error.message}"
+                        message = with_last_result(runner.state, lead)
+                        await runner.emit(
+                            Halted(guard=RUNNER, reason="chat_error", message=message)
+                        )
+                        turn = None
+                        break
+                    await runner.record(events)
+                turn = normalize((*begun, *events))
                 turns += sum(isinstance(envelope.event, ModelResponded) for envelope in events)
                 if turn.terminal != "requires_action":
                     break

@@ -43,12 +43,13 @@ from turnkeeper.events import (
     ToolReturned,
     ToolUse,
     TurnkeeperError,
+    UnloggableEvent,
     Usage,
     collecting_events,
     replay,
 )
 from turnkeeper.events._gc import gc_paused
-from turnkeeper.events._log import LARGEST_SEQ, EventLog
+from turnkeeper.events._log import LARGEST_SEQ, EventLog, check_batch
 from turnkeeper.events._memory_log import MemoryLog
 from turnkeeper.events._messages import text_of
 from turnkeeper.guards import Guard, default_guards
@@ -389,26 +390,20 @@ class Host:
             raise InputError(f"spec: expected an AgentSpec, got {type(spec).__name__}")
         if prompt is not None and not isinstance(prompt, str):
             raise InputError(f"prompt: expected a string or None, got {type(prompt).__name__}")
-        mcp = await self._mcp.open(spec) if spec.mcp_servers else None
-        state = open_session(
-            mcp.spec if mcp is not None else spec,
-            session_id=session_id,
-            history=history,
-            max_turns=max_turns,
-            guards=guards,
-        )
+        events, state = self._opening(spec, prompt, (), session_id, history, max_turns, guards)
         # The sessions this host knows; any other one already in the log (written by
         # another process, or unreadable at recovery) fails the append's seq check.
         if state.session_id in self._sessions:
             raise _taken(state.session_id)
-        opened, state = emit(state, opened_event(state), at=self.clock())
-        events = [opened]
-        for failure in mcp.events if mcp is not None else ():
-            envelope, state = emit(state, failure, at=self.clock())
-            events.append(envelope)
-        if prompt is not None:
-            begun, state, _ = begin_poll(state, Kickoff(prompt), now=self.clock(), guard=self.guard)
-            events.extend(begun)
+        mcp = None
+        if spec.mcp_servers:
+            # Checked as the log will check them before any server starts: a start refused
+            # starts none. Then made again with the tools the servers give.
+            check_batch(events, 0)
+            mcp = await self._mcp.open(spec)
+            events, state = self._opening(
+                mcp.spec, prompt, mcp.events, state.session_id, history, max_turns, guards
+            )
         try:
             await self._append(state.session_id, events, expected_seq=0)
         except SeqConflict:
@@ -423,11 +418,35 @@ class Host:
         self._note(session)
         return state.session_id
 
+    def _opening(
+        self,
+        spec: AgentSpec,
+        prompt: str | None,
+        failures: Iterable[AnyEvent],
+        session_id: str | None,
+        history: Sequence[dict[str, Any]] | None,
+        max_turns: int,
+        guards: GuardConfig | None,
+    ) -> tuple[list[Envelope], SessionState]:
+        """The events that open a session (with `failures`, its MCP servers' that did not
+        start) and start it on `prompt`, and the state they lead to."""
+        state = open_session(
+            spec, session_id=session_id, history=history, max_turns=max_turns, guards=guards
+        )
+        opened, state = emit(state, opened_event(state), at=self.clock())
+        events = [opened]
+        for failure in failures:
+            envelope, state = emit(state, failure, at=self.clock())
+            events.append(envelope)
+        if prompt is not None:
+            begun, state, _ = begin_poll(state, Kickoff(prompt), now=self.clock(), guard=self.guard)
+            events.extend(begun)
+        return events, state
+
     async def send(self, session_id: str, text: str) -> None:
         """Queue a user message; it starts a new request episode when the session is free."""
         self._check_accepting()
-        if not isinstance(text, str):
-            raise InputError(f"text: expected a string, got {type(text).__name__}")
+        _check_text("text", text)
         async with self._use(session_id) as session:
             # Logged before the sender hears back, so an accepted message survives a crash:
             # as the next request when the session is at rest, else queued behind its work.
@@ -495,6 +514,9 @@ class Host:
         """Stop the session's work now and mark it cancelled (logged once, however many
         cancels race)."""
         self._check_accepting()
+        # Checked before the task is ended: a reason the log refuses would cut short the
+        # work in flight (to be done again) and cancel nothing.
+        _check_text("reason", reason)
         async with self._use(session_id) as session:
             try:
                 while session.state.status not in ("cancelled", "failed"):
@@ -784,7 +806,8 @@ class Host:
                     # session: left to go on, it would end the host's task group.
                     if not handled_as_error(exc):
                         raise
-                    if self._stopping or session.cancelling:
+                    # Ending anyway, so not a crash (`is not None`: a reason may be "").
+                    if self._stopping or session.cancelling is not None:
                         return
                     now = anyio.current_time()
                     session.crashes = [
@@ -1332,6 +1355,19 @@ def _check_seconds(name: str, value: object) -> None:
     """Raise InputError unless `value` is a number of seconds (any, but not NaN)."""
     if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
         raise InputError(f"{name}: expected a number of seconds, got {value!r}")
+
+
+def _check_text(name: str, value: object) -> None:
+    """Raise InputError unless `value` is a string the log can hold (UnloggableEvent, an
+    InputError, for one with a lone surrogate)."""
+    if not isinstance(value, str):
+        raise InputError(f"{name}: expected a string, got {type(value).__name__}")
+    # ASCII always encodes; only other text is worth the copy an encode makes.
+    if not value.isascii():
+        try:
+            value.encode()
+        except UnicodeEncodeError as exc:
+            raise UnloggableEvent(f"{name}: cannot encode event: {exc}") from None
 
 
 def _describe(exc: BaseException) -> str:

@@ -356,8 +356,12 @@ async def test_bad_arguments_are_input_errors() -> None:
             "after: expected an integer from 0 to .*, got 9223372036854775808": host.events(
                 session_id, after=2**63
             ),
-            "wait: expected a number of seconds, got nan": host.events(session_id, wait=NAN),
-            "wait: expected a number of seconds, got True": host.result(session_id, wait=True),
+            "wait: expected a finite number of seconds >= 0, got nan": host.events(
+                session_id, wait=NAN
+            ),
+            "wait: expected None or a finite number of seconds >= 0, got True": host.result(
+                session_id, wait=True
+            ),
             "cannot encode event": host.start(SPEC, "lone \ud800 surrogate"),
         }
         for named, call in refused.items():

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -17,11 +18,12 @@ from turnkeeper.events import (
     AgentSpec,
     InputError,
     MemoryLog,
+    ToolResult,
     ToolSpec,
     UnloggableEvent,
 )
 from turnkeeper.providers import ScriptedChat, text_response, tool_response
-from turnkeeper.sessions import Host
+from turnkeeper.sessions import Host, UnknownSession
 
 pytestmark = pytest.mark.anyio
 
@@ -137,3 +139,120 @@ async def test_a_start_with_mcp_servers_is_refused_before_any_server_starts() ->
                 await start()
         assert host._mcp.connections == 0
         assert await log.sessions() == ["taken"]
+
+
+@pytest.mark.parametrize("bad", [["x"], {"a": 1}, 5, None, ""], ids=repr)
+async def test_a_session_id_that_is_not_a_string_is_an_unknown_session(bad: Any) -> None:
+    async with Host(chat=ScriptedChat([text_response("hi")])) as host:
+        await settle(host, await host.start(SPEC, "hello"))
+        calls: list[Callable[[], Awaitable[object]]] = [
+            lambda: host.status(bad),
+            lambda: host.events(bad),
+            lambda: host.result(bad),
+            lambda: host.send(bad, "hi"),
+            lambda: host.cancel(bad),
+            lambda: host.retry(bad),
+            lambda: host.submit_tool_results(bad, [ToolResult("a1", "x")]),
+        ]
+        for call in calls:
+            with pytest.raises(UnknownSession, match="no session"):
+                await call()
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("chat", None),
+        ("guard", "loop"),
+        ("clock", 5),
+        ("log", "agents.sqlite"),
+        ("tools", 42),
+        ("mailbox_size", "5"),
+        ("mailbox_size", 0),
+        ("mailbox_size", True),
+        ("max_restarts", -1),
+        ("max_restarts", 1.5),
+        ("tool_concurrency", 0),
+        ("max_model_calls", 0),
+        ("max_model_calls", True),
+        ("max_model_calls", 2.0),
+        ("max_resting", -1),
+        ("restart_window", 0),
+        ("restart_window", math.inf),
+        ("restart_window", "60"),
+        ("restart_backoff", math.nan),
+        ("restart_backoff", -0.1),
+        ("max_backoff", math.inf),
+        ("max_backoff", True),
+        ("stop_grace", math.nan),
+        ("stop_grace", math.inf),
+        ("stop_grace", -1),
+        ("tool_timeout", 0),
+        ("tool_timeout", math.nan),
+        ("tool_timeout", -1.0),
+        ("tool_timeout", False),
+    ],
+)
+async def test_bad_host_arguments_are_refused_naming_them(field: str, value: Any) -> None:
+    with pytest.raises(InputError, match=field):
+        Host(**{"chat": ScriptedChat([]), field: value})
+
+
+async def test_host_arguments_at_their_bounds_are_taken() -> None:
+    host = Host(
+        chat=ScriptedChat([text_response("hi")]),
+        mailbox_size=1,
+        max_restarts=0,
+        restart_window=0.5,
+        restart_backoff=0,
+        max_backoff=0.0,
+        stop_grace=0,
+        tool_concurrency=1,
+        tool_timeout=0.01,
+        max_model_calls=None,
+        max_resting=0,
+    )
+    async with host:
+        info = await settle(host, await host.start(SPEC, "hello"))
+    assert info.text == "hi"
+
+
+async def test_waits_and_the_stop_grace_are_finite_seconds_checked_before_anything() -> None:
+    async with Host(chat=ScriptedChat([text_response("hi"), text_response("again")])) as host:
+        session_id = await host.start(SPEC, "hello")
+        await settle(host, session_id)
+        refused: dict[str, Callable[[], Awaitable[object]]] = {
+            "wait: expected a finite number of seconds >= 0, got -1": lambda: host.events(
+                session_id, wait=-1
+            ),
+            "wait: expected a finite number of seconds >= 0, got inf": lambda: host.events(
+                session_id, wait=math.inf
+            ),
+            "wait: expected a finite number of seconds >= 0, got '1'": lambda: host.events(
+                session_id,
+                wait="1",  # type: ignore[arg-type]
+            ),
+            "wait: expected None or a finite number of seconds >= 0, got -0.5": lambda: host.result(
+                session_id, wait=-0.5
+            ),
+            "wait: expected None or a finite number of seconds >= 0, got inf": lambda: host.result(
+                session_id, wait=math.inf
+            ),
+            "after: expected an integer .*, got True": lambda: host.events(session_id, after=True),
+            "after: expected an integer .*, got 1.0": lambda: host.events(
+                session_id,
+                after=1.0,  # type: ignore[arg-type]
+            ),
+            "grace: expected None or a finite number of seconds >= 0, got nan": lambda: host.stop(
+                grace=math.nan
+            ),
+            "grace: expected None or a finite number of seconds >= 0, got -1": lambda: host.stop(
+                grace=-1
+            ),
+        }
+        for named, call in refused.items():
+            with pytest.raises(InputError, match=named):
+                await call()
+        # The refused stops stopped nothing: the host still takes work.
+        await host.send(session_id, "more")
+        assert (await settle(host, session_id)).text == "again"

@@ -292,16 +292,25 @@ class Host:
         max_resting: int | None = 10_000,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        if mailbox_size < 1 or max_restarts < 0 or tool_concurrency < 1:
-            raise InputError(
-                "Host: mailbox_size and tool_concurrency must be >= 1, max_restarts >= 0"
-            )
-        if max_model_calls is not None and max_model_calls < 1:
-            raise InputError(f"Host: max_model_calls must be None or >= 1, got {max_model_calls}")
-        if max_resting is not None and (
-            isinstance(max_resting, bool) or not isinstance(max_resting, int) or max_resting < 0
-        ):
-            raise InputError(f"Host: max_resting must be None or an int >= 0, got {max_resting!r}")
+        # All checked here: a bad value found later would fail the host mid-run or at exit.
+        for name, function in (("chat", chat), ("guard", guard), ("clock", clock)):
+            if not callable(function):
+                raise InputError(f"Host: {name}: expected a function, got {function!r:.80}")
+        if log is not None and not isinstance(log, EventLog):
+            raise InputError(f"Host: log: expected an EventLog or None, got {type(log).__name__}")
+        _check_count("Host: mailbox_size", mailbox_size, 1)
+        _check_count("Host: max_restarts", max_restarts, 0)
+        _check_count("Host: tool_concurrency", tool_concurrency, 1)
+        if max_model_calls is not None:
+            _check_count("Host: max_model_calls", max_model_calls, 1, optional=True)
+        if max_resting is not None:
+            _check_count("Host: max_resting", max_resting, 0, optional=True)
+        _check_seconds("Host: restart_window", restart_window, positive=True)
+        _check_seconds("Host: restart_backoff", restart_backoff)
+        _check_seconds("Host: max_backoff", max_backoff)
+        _check_seconds("Host: stop_grace", stop_grace)
+        if tool_timeout is not None:
+            _check_seconds("Host: tool_timeout", tool_timeout, positive=True, optional=True)
         self.chat = traced_chat(chat)
         self.log = log if log is not None else MemoryLog()
         self._mcp = McpPool()
@@ -555,7 +564,7 @@ class Host:
         Raises HostStopped if the host stopped with the session mid-turn: it comes to rest
         only in a host started later on the same log."""
         if wait is not None:
-            _check_seconds("wait", wait)
+            _check_seconds("wait", wait, optional=True)
         async with self._use(session_id) as session:
             with anyio.move_on_after(wait):
                 while self._status(session) == "running":
@@ -576,7 +585,7 @@ class Host:
             raise InputError(f"after: expected an integer from 0 to 2**63 - 1, got {after!r}")
         _check_seconds("wait", wait)
         async with self._use(session_id) as session:
-            deadline = anyio.current_time() + max(wait, 0.0)
+            deadline = anyio.current_time() + wait
             while True:
                 if session.changed is None:
                     session.changed = anyio.Event()
@@ -635,6 +644,8 @@ class Host:
     async def stop(self, grace: float | None = None) -> None:
         """Stop gracefully: take no new work, give sessions `grace` seconds to reach a
         turn boundary, then cancel what is left. The log stays consistent throughout."""
+        if grace is not None:
+            _check_seconds("grace", grace, optional=True)
         self._accepting = False
         self._stopping = True
         limit = self.stop_grace if grace is None else grace
@@ -716,10 +727,11 @@ class Host:
     async def _load(self, session_id: str) -> _Session:
         """The session, read back from the log if the host does not hold it, with a use
         taken (`_use` gives it back)."""
+        # Checked first: an unhashable id cannot even be looked up.
+        if not isinstance(session_id, str) or not session_id:
+            raise UnknownSession(f"no session {session_id!r}")
         session = self._sessions.get(session_id)
         if session is None:
-            if not isinstance(session_id, str) or not session_id:
-                raise UnknownSession(f"no session {session_id!r}")
             try:
                 session = await self._read_back(session_id)
             except ReplayError as exc:
@@ -1351,10 +1363,30 @@ def _taken(session_id: str) -> InputError:
     return InputError(f"session_id: {session_id} already exists")
 
 
-def _check_seconds(name: str, value: object) -> None:
-    """Raise InputError unless `value` is a number of seconds (any, but not NaN)."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
-        raise InputError(f"{name}: expected a number of seconds, got {value!r}")
+def _check_count(name: str, value: object, least: int, *, optional: bool = False) -> None:
+    """Raise InputError unless `value` is an int (not a bool) >= `least`; `optional`: the
+    message says None is allowed too."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        allowed = f"None or an int >= {least}" if optional else f"an int >= {least}"
+        raise InputError(f"{name}: expected {allowed}, got {value!r}")
+
+
+def _check_seconds(
+    name: str, value: object, *, positive: bool = False, optional: bool = False
+) -> None:
+    """Raise InputError unless `value` is a finite number of seconds (not a bool), >= 0
+    or, if `positive`, > 0; `optional`: the message says None is allowed too."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value < 0
+        or (positive and value == 0)
+    ):
+        allowed = "a finite number of seconds " + ("> 0" if positive else ">= 0")
+        if optional:
+            allowed = "None or " + allowed
+        raise InputError(f"{name}: expected {allowed}, got {value!r}")
 
 
 def _check_text(name: str, value: object) -> None:

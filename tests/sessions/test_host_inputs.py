@@ -1,5 +1,5 @@
 """Host: bad arguments are refused up front, before anything changes, with an InputError
-(or UnknownSession) naming them."""
+(or UnknownSession) naming them; and reads go on working after a stop."""
 
 from __future__ import annotations
 
@@ -256,3 +256,22 @@ async def test_waits_and_the_stop_grace_are_finite_seconds_checked_before_anythi
         # The refused stops stopped nothing: the host still takes work.
         await host.send(session_id, "more")
         assert (await settle(host, session_id)).text == "again"
+
+
+@pytest.mark.parametrize("max_resting", [None, 0])
+async def test_reads_after_a_stop_answer_from_the_log_the_host_made(
+    max_resting: int | None,
+) -> None:
+    host = Host(chat=ScriptedChat([text_response("hi")]), max_resting=max_resting)
+    async with host:
+        session_id = await host.start(SPEC, "hello")
+        info = await settle(host, session_id)
+        events = await host.events(session_id)
+    # With max_resting=0 the session was dropped from memory and is read back.
+    assert (session_id in host._sessions) is (max_resting is None)
+    assert await host.status(session_id) == info
+    assert await host.result(session_id) == info
+    assert await host.events(session_id) == events
+    assert await host.events(session_id, after=1, wait=1) == events[1:]
+    assert await host.sessions() == [session_id]
+    assert await host.statuses() == {"idle": 1}

@@ -312,9 +312,10 @@ class Host:
         if tool_timeout is not None:
             _check_seconds("Host: tool_timeout", tool_timeout, positive=True, optional=True)
         self.chat = traced_chat(chat)
+        # A MemoryLog the host makes is never closed: closing it releases nothing, and a
+        # closed one would refuse the reads that go on working after a stop.
         self.log = log if log is not None else MemoryLog()
         self._mcp = McpPool()
-        self._owns_log = log is None
         # The tools run here by name; None when one handler takes every call (or none).
         # Found once: an ABC's isinstance check is slow, and it was made for every call.
         self._tool_names = tools if isinstance(tools, Mapping) else None
@@ -669,8 +670,6 @@ class Host:
             for session in self._sessions.values():
                 if session.scope is not None:
                     self._end_task(session)
-        if self._owns_log:
-            await self.log.close()
 
     # -- loading and recovery ---------------------------------------------------------------
 

@@ -633,6 +633,46 @@ def test_a_bad_argument_is_one_line_and_exit_2(
     assert message in done.err
 
 
+NOT_UTF8_GUARDS = b'{"loop": {"x\xff": 1}}'
+SOME_URL = b"http://127.0.0.1:9/v1"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            (b"serve", b"--port", b"0", b"--base-url", SOME_URL, b"--token-file", b"binary.tok"),
+            "--token-file binary.tok: not UTF-8 text",
+        ),
+        ((b"replay", b"good.jsonl", b"--guards", NOT_UTF8_GUARDS), "--guards: not valid JSON"),
+        ((b"run", b"hi", b"--guards", NOT_UTF8_GUARDS), "--guards: not valid JSON: not UTF-8"),
+        (
+            (b"run", b"hi", b"--base-url", b"http://127.0.0.1:1/\xff", b"--model", b"m"),
+            "OpenAIChat: base_url is not a URL: it is not UTF-8 text",
+        ),
+    ],
+)
+def test_bytes_that_are_not_utf8_are_one_line_and_exit_2(
+    tmp_path: Path, args: tuple[bytes, ...], message: str
+) -> None:
+    (tmp_path / "binary.tok").write_bytes(b"\xff\xfetoken\n")
+    (tmp_path / "good.jsonl").write_bytes(GOOD_LOG)
+    done = subprocess.run(
+        [*map(os.fsencode, COMMAND), *args],
+        cwd=tmp_path,
+        env=clean_env(),
+        capture_output=True,
+        timeout=LIMIT,
+    )
+    err = done.stderr.decode()
+    assert done.returncode == 2, err
+    assert done.stdout == b""
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("turnkeeper: error: ")
+    assert message in err
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["binary.tok", "good.jsonl"]
+
+
 def test_require_terminal_tool_needs_a_terminal_tool(tmp_path: Path) -> None:
     (tmp_path / "mytools.py").write_text(USER_TOOLS + "\nNO_TERMINAL = [(SHOUT, shout)]\n")
     done = cli(

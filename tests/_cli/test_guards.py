@@ -29,3 +29,16 @@ def test_a_shallow_config_still_parses() -> None:
     assert changes.fields == {"loop", "budget"}
     assert changes.given.loop == LoopDetection(warnings=0)
     assert changes.given.budget is None
+
+
+def test_inline_json_holding_a_byte_that_is_not_utf8_is_an_input_error() -> None:
+    # How Python decodes a command-line argument holding the byte 0xff.
+    with pytest.raises(InputError, match=r"^--guards: not valid JSON: not UTF-8 text$"):
+        parse_guards('{"loop": {"x\udcff": 1}}')
+
+
+def test_a_file_holding_a_byte_that_is_not_utf8_is_an_input_error(tmp_path: Path) -> None:
+    path = tmp_path / "guards.json"
+    path.write_bytes(b'{"loop": {"x\xff": 1}}')
+    with pytest.raises(InputError, match=r"^--guards: not valid JSON: .*UTF-8"):
+        parse_guards(str(path))

@@ -399,6 +399,11 @@ async def test_a_given_client_is_used_instead_of_the_shared_one() -> None:
         ({"base_url": "127.0.0.1:8080/v1"}, "http:// or https://"),
         ({"base_url": "http://"}, "http:// or https://"),
         ({"base_url": 8080}, "base_url must be a string"),
+        # Lone surrogates: how Python decodes the non-UTF-8 bytes of a command line.
+        ({"base_url": "http://127.0.0.1:1/\udcff"}, "base_url is not a URL: it is not UTF-8"),
+        ({"base_url": "http://127.0.0.1:1/v1?q=\udcff"}, "base_url is not a URL: it is not UTF"),
+        ({"base_url": "http://u\udcff:p@127.0.0.1/v1"}, "base_url is not a URL: it is not UTF"),
+        ({"base_url": "http://h\udcff.example/v1"}, "base_url is not a URL"),
         ({"model": ""}, "model must be a non-empty string"),
         ({"timeout": 0}, "timeout must be finite and > 0"),
         ({"timeout": -1.0}, "timeout must be finite and > 0"),
@@ -421,6 +426,11 @@ async def test_a_request_that_is_not_json_is_an_input_error() -> None:
         await chat(request(stop={object()}))
     with pytest.raises(InputError, match="must be a dict"):
         await chat([("model", "x")])  # type: ignore[arg-type]
+
+
+def test_a_base_url_with_non_ascii_text_is_quoted() -> None:
+    shown = repr(OpenAIChat("http://127.0.0.1:8080/é/v1"))
+    assert shown == "OpenAIChat('http://127.0.0.1:8080/%C3%A9/v1/chat/completions', model=None)"
 
 
 def test_repr_names_the_endpoint_and_model_only() -> None:

@@ -56,7 +56,10 @@ def parse_guards(config: str) -> GuardChanges:
     """The changes in `config`: JSON text if it starts with `{`, else a JSON file's path.
     Raises InputError naming the field that is unknown or of the wrong type."""
     if config.lstrip().startswith("{"):
-        data = config.encode()
+        try:
+            data = config.encode()
+        except UnicodeEncodeError:  # a lone surrogate: how Python decodes a non-UTF-8 argv byte
+            raise InputError("--guards: not valid JSON: not UTF-8 text") from None
     else:
         path = Path(config)
         if not path.is_file():

@@ -38,8 +38,11 @@ async def _given_token(options: ServeOptions) -> str | None:
     TURNKEEPER_TOKEN, or makes one)."""
     if options.token_file is None:
         return None
-    text = await anyio.Path(Path(options.token_file)).read_text()
-    token = text.strip()
+    data = await anyio.Path(Path(options.token_file)).read_bytes()
+    try:
+        token = data.decode().strip()
+    except UnicodeDecodeError:
+        raise InputError(f"--token-file {options.token_file}: not UTF-8 text") from None
     if not token or "\n" in token:
         raise InputError(f"--token-file {options.token_file}: expected one line, the token")
     return token

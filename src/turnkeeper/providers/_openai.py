@@ -174,8 +174,14 @@ def _shared_client() -> httpx.AsyncClient:
 
 
 def _endpoint(base_url: str) -> httpx.URL:
+    """`{base_url}/chat/completions`; InputError naming base_url if it is no http(s) URL."""
     if not isinstance(base_url, str):
         raise InputError(f"OpenAIChat: base_url must be a string, got {type(base_url).__name__}")
+    try:
+        base_url.encode()
+    except UnicodeEncodeError:
+        # A lone surrogate (how Python decodes a non-UTF-8 byte of argv) cannot be quoted.
+        raise InputError("OpenAIChat: base_url is not a URL: it is not UTF-8 text") from None
     try:
         url = httpx.URL(base_url.rstrip("/") + "/chat/completions")
     except httpx.InvalidURL as error:

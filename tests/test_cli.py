@@ -27,6 +27,7 @@ from turnkeeper.events import (
     Envelope,
     GuardConfig,
     Halted,
+    JsonlLog,
     ModelResponded,
     SessionOpened,
     SqliteLog,
@@ -535,6 +536,30 @@ def test_a_torn_jsonl_log_is_replayed_with_a_warning_and_not_appended_to(
     assert again.code == 2
     assert "line 4 is unfinished" in again.err
     assert len(server.received) == 1
+
+
+@pytest.mark.parametrize("name", ["runs.sqlite", "runs"])
+def test_run_to_a_log_another_writer_holds_fails_before_any_model_call(
+    tmp_path: Path, name: str
+) -> None:
+    path = tmp_path / name
+    if name == "runs":
+        path.mkdir()
+    held = JsonlLog(path) if name == "runs" else SqliteLog(path)
+    with (
+        chat_server(reply(ANSWER)) as server,
+        anyio.from_thread.start_blocking_portal("trio") as portal,
+        portal.wrap_async_context_manager(held),
+    ):
+        assert held.writable
+        done = cli("run", "hi", "--base-url", server.base_url, "--log", name, cwd=tmp_path)
+        assert done.code == 2, done.err
+        assert done.err.splitlines() == [
+            f"turnkeeper: error: --log {name}: another turnkeeper process writes this log "
+            "(or its writer lock cannot be taken here); pick another log"
+        ]
+        assert done.out == ""
+        assert server.received == []
 
 
 # serve

@@ -118,6 +118,35 @@ CASES = [
     BadRequest(
         "unsafe session id", "POST", "/v1/sessions", 422, "session_id", body={"session_id": "a/b"}
     ),
+    # Clients drop the path segments `.` and `..`: such a session could not be addressed.
+    BadRequest("session id .", "POST", "/v1/sessions", 422, "session_id", body={"session_id": "."}),
+    BadRequest(
+        "session id ..", "POST", "/v1/sessions", 422, "session_id", body={"session_id": ".."}
+    ),
+    BadRequest(
+        "session id with a leading dot",
+        "POST",
+        "/v1/sessions",
+        422,
+        "session_id",
+        body={"session_id": ".hidden"},
+    ),
+    BadRequest(
+        "session id with a leading dash",
+        "POST",
+        "/v1/sessions",
+        422,
+        "session_id",
+        body={"session_id": "-x"},
+    ),
+    BadRequest(
+        "session id too long",
+        "POST",
+        "/v1/sessions",
+        422,
+        "session_id",
+        body={"session_id": "x" * 201},
+    ),
     BadRequest(
         "session id taken", "POST", "/v1/sessions", 409, "session_id", body={"session_id": "{idle}"}
     ),

@@ -288,6 +288,15 @@ async def test_tool_results_resume_a_session_waiting_on_the_orchestrator() -> No
         assert done.text == answer_for("q", "yes")
 
 
+async def test_a_session_id_up_to_200_url_safe_characters_is_taken_and_addressable() -> None:
+    session_id = "0a.b_c-" + "x" * 193
+    async with running() as (client, _):
+        assert await create(client, {"session_id": session_id, "prompt": "hi"}) == session_id
+        assert (await settled(client, session_id)).text == "echo: hi"
+        cancelled = await client.post(f"/v1/sessions/{session_id}/cancel")
+        assert cancelled.status_code == 200, cancelled.text
+
+
 async def test_a_follow_up_message_starts_a_new_episode() -> None:
     async with running() as (client, _):
         spec = msgspec.to_builtins(LOOKUP_SPEC)

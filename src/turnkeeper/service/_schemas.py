@@ -9,8 +9,17 @@ import msgspec
 from turnkeeper.events import AgentSpec, Envelope, GuardConfig, ToolResult
 from turnkeeper.sessions import SessionInfo
 
-SessionId = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_.\-]{1,128}$")]
-"""A session id chosen by the client: it appears in URLs, so it is kept URL-safe."""
+SessionId = Annotated[
+    str,
+    msgspec.Meta(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,199}$",
+        description="At most 200 letters, digits, '.', '_' or '-', starting with a letter "
+        "or digit.",
+    ),
+]
+"""A session id chosen by the client. It appears in URLs, so it is kept URL-safe: no
+leading dot, as clients drop the path segments `.` and `..`. It is also a name any log
+can store (a JsonlLog's file name)."""
 
 
 class CreateSession(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -1,6 +1,6 @@
 """The Prometheus exposition: it parses, carries every status and counter, and its
-quantiles are order statistics of the append latencies; /v1/metrics counts every session,
-those the host dropped from memory too."""
+quantiles are order statistics of the append latencies, given with their sum and count;
+/v1/metrics counts every session, those the host dropped from memory too."""
 
 from __future__ import annotations
 
@@ -42,6 +42,9 @@ def test_the_exposition_parses_and_carries_every_value(
             assert value in seconds
         else:
             assert math.isnan(value)
+    # A summary carries its sum and count (over the same appends as its quantiles).
+    assert samples[("turnkeeper_log_append_seconds_sum", ())] == math.fsum(seconds)
+    assert samples[("turnkeeper_log_append_seconds_count", ())] == len(seconds)
 
 
 @given(st.lists(st.floats(allow_nan=False, allow_infinity=False), min_size=1), st.floats(0, 1))

@@ -294,6 +294,9 @@ def test_metrics_parse_and_the_counters_move(server: ServerProcess) -> None:
         assert moved("turnkeeper_tool_errors_total") >= 1
         assert moved("turnkeeper_sessions", (("status", "halted"),)) == 1
         assert after[("turnkeeper_log_append_seconds", (("quantile", "0.99"),))] > 0
+        # The session's appends are among those counted; their latencies add up.
+        assert after[("turnkeeper_log_append_seconds_count", ())] >= 2
+        assert after[("turnkeeper_log_append_seconds_sum", ())] > 0
 
 
 def metrics(client: httpx.Client) -> tuple[dict[Any, float], dict[str, str]]:

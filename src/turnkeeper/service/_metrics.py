@@ -28,7 +28,8 @@ def render_metrics(
     statuses: Mapping[str, int], counters: Mapping[str, int], append_seconds: Sequence[float]
 ) -> str:
     """The exposition: sessions by status, each counter as `turnkeeper_<name>_total`, and
-    log append latency quantiles over `append_seconds` (the host's recent appends)."""
+    a summary of log append latency over `append_seconds` (the host's recent appends): its
+    quantiles, `_sum` and `_count`."""
     lines = [
         "# HELP turnkeeper_sessions Sessions by status.",
         "# TYPE turnkeeper_sessions gauge",
@@ -44,7 +45,8 @@ def render_metrics(
             f"{metric} {counters.get(name, 0)}",
         ]
     lines += [
-        "# HELP turnkeeper_log_append_seconds Event log append latency over recent appends.",
+        "# HELP turnkeeper_log_append_seconds Event log append latency over the host's recent "
+        "appends (the quantiles, sum and count alike).",
         "# TYPE turnkeeper_log_append_seconds summary",
     ]
     ordered = sorted(append_seconds)
@@ -52,6 +54,10 @@ def render_metrics(
         f'turnkeeper_log_append_seconds{{quantile="{q}"}} {_number(quantile(ordered, q))}'
         for q in QUANTILES
     )
+    lines += [
+        f"turnkeeper_log_append_seconds_sum {_number(math.fsum(ordered))}",
+        f"turnkeeper_log_append_seconds_count {len(ordered)}",
+    ]
     return "\n".join(lines) + "\n"
 
 

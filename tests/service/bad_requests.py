@@ -15,6 +15,11 @@ from turnkeeper.service import ErrorBody
 
 JSON = {"Content-Type": "application/json"}
 SPEC = {"tools": [{"name": "lookup"}]}
+PENDING_CALL = {
+    "id": "call_open",
+    "type": "function",
+    "function": {"name": "lookup", "arguments": '{"key": "k"}'},
+}
 
 
 class BadRequest(NamedTuple):
@@ -165,6 +170,21 @@ CASES = [
         422,
         "history[0].role",
         body={"history": [{"role": "wizard", "content": "hi"}]},
+    ),
+    BadRequest(
+        "a prompt after a history whose tool call has no result",
+        "POST",
+        "/v1/sessions",
+        422,
+        "prompt",
+        body={
+            "history": [
+                {"role": "user", "content": "look it up"},
+                {"role": "assistant", "content": None, "tool_calls": [PENDING_CALL]},
+            ],
+            "prompt": "and then?",
+            "session_id": "never-made",
+        },
     ),
     BadRequest(
         "history too long",
@@ -372,3 +392,5 @@ def check_error(case: BadRequest, status: int, body: bytes) -> None:
     assert error.field == case.field, f"{case.name}: field {error.field!r} ({error.message})"
     assert error.message
     assert "Traceback" not in error.message
+    # No error names a session that was never made.
+    assert "never-made" not in error.message

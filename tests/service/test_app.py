@@ -25,6 +25,11 @@ from turnkeeper.sessions import Chat, Host, SessionInfo
 pytestmark = pytest.mark.anyio
 
 TOKEN = "in-process-token"
+ASK_CALL = {
+    "id": "call_ask",
+    "type": "function",
+    "function": {"name": "ask_human", "arguments": '{"question": "q"}'},
+}
 
 
 @asynccontextmanager
@@ -286,6 +291,38 @@ async def test_tool_results_resume_a_session_waiting_on_the_orchestrator() -> No
         done = await settled(client, session_id)
         assert done.status == "idle"
         assert done.text == answer_for("q", "yes")
+
+
+async def test_a_history_ending_in_a_call_opens_without_a_prompt_and_takes_it_after() -> None:
+    history = [
+        {"role": "system", "content": "Ask, then look things up."},
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": None, "tool_calls": [ASK_CALL]},
+    ]
+    spec = msgspec.to_builtins(ASK_SPEC)
+    async with running() as (client, host):
+        refused = await client.post(
+            "/v1/sessions", json={"spec": spec, "history": history, "prompt": "r"}
+        )
+        assert refused.status_code == 422
+        error = msgspec.json.decode(refused.content, type=ErrorBody).error
+        assert error.field == "prompt"
+        assert "(call_ask)" in error.message
+        assert "local_" not in error.message
+        assert await host.sessions() == []
+        # What the error says to do instead works.
+        session_id = await create(client, {"spec": spec, "history": history})
+        waiting = await settled(client, session_id)
+        assert [use.id for use in waiting.pending] == ["call_ask"]
+        posted = await client.post(
+            f"/v1/sessions/{session_id}/tool_results",
+            json={"results": [{"tool_use_id": "call_ask", "text": "yes"}]},
+        )
+        assert posted.status_code == 202, posted.text
+        assert (await settled(client, session_id)).text == answer_for("q", "yes")
+        message = await client.post(f"/v1/sessions/{session_id}/messages", json={"text": "r"})
+        assert message.status_code == 202, message.text
+        assert (await settled(client, session_id)).status == "requires_action"
 
 
 async def test_a_session_id_up_to_200_url_safe_characters_is_taken_and_addressable() -> None:

@@ -40,7 +40,7 @@ from turnkeeper.service._schemas import (
 from turnkeeper.service._sse import event_stream
 from turnkeeper.service._strict import unknown_field
 from turnkeeper.service._unread import CloseUnreadBodies
-from turnkeeper.sessions import Busy, Host, HostStopped, UnknownSession
+from turnkeeper.sessions import Busy, Host, HostStopped, UnknownSession, open_session
 
 _S = TypeVar("_S", bound=msgspec.Struct)
 Endpoint = Callable[[Request], Awaitable[Response]]
@@ -122,6 +122,8 @@ class _Api:
         if body.session_id is not None and await self._exists(body.session_id):
             raise ApiError(409, f"session {body.session_id} already exists", "session_id")
         try:
+            if body.prompt is not None and body.history:
+                _check_prompt_follows(body)
             session_id = await self.host.start(
                 body.spec,
                 body.prompt,
@@ -381,6 +383,22 @@ def _parse_int(name: str, raw: str, minimum: int, maximum: int | None = None) ->
     if value < minimum or (maximum is not None and value > maximum):
         raise problem
     return value
+
+
+def _check_prompt_follows(body: CreateSession) -> None:
+    """A 422 naming the prompt if the history ends in tool calls still unanswered: the
+    session must have their results before a prompt. Checked before the session starts,
+    so no error names a session that was never made."""
+    pending = open_session(body.spec, history=body.history).pending
+    if pending:
+        calls = ", ".join(use.id for use in pending)
+        raise ApiError(
+            422,
+            f"prompt: the history ends in tool calls with no results ({calls}); open the "
+            "session without a prompt, let it finish them (post the results of any it waits "
+            "on), then post the prompt as a message",
+            "prompt",
+        )
 
 
 def _field_named(message: str) -> str | None:

@@ -40,6 +40,7 @@ LIMITS = Limits(
     max_tool_result_chars=1_000,
     max_history_messages=20,
     max_wait_seconds=30.0,
+    body_timeout_seconds=2.0,
 )
 SLOW_SECONDS = 0.2
 

@@ -12,6 +12,7 @@ import anyio
 import httpx
 import msgspec
 import pytest
+from starlette.types import Message
 
 from tests.service.bad_requests import CASES, BadRequest, case_body, check_error, setup_bodies
 from tests.service.server_main import ASK_SPEC, LIMITS, LOOKUP_SPEC, answer_for, chat, lookup
@@ -423,6 +424,86 @@ async def test_stopping_ends_long_polls_at_once_and_turns_health_to_503() -> Non
         health = await client.get("/v1/healthz")
         assert health.status_code == 503
         assert health.json() == {"status": "stopping"}
+
+
+def post_scope(path: str, length: int) -> dict[str, Any]:
+    """The ASGI scope of an authorized JSON POST to `path` saying `Content-Length: length`."""
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [
+            (b"host", b"service"),
+            (b"authorization", f"Bearer {TOKEN}".encode()),
+            (b"content-type", b"application/json"),
+            (b"content-length", str(length).encode()),
+        ],
+        "client": ("127.0.0.1", 1),
+        "server": ("service", 80),
+    }
+
+
+async def call_app(
+    host: Host, limits: Limits, path: str, parts: list[bytes], *, then_stall: bool, pause: float
+) -> tuple[int, dict[bytes, bytes], bytes]:
+    """POST `parts` (the body, `pause` seconds apart) straight to the ASGI app, and then,
+    with `then_stall`, never the rest; the response's status, headers and body."""
+    app = create_app(host, token=TOKEN, limits=limits)
+    length = sum(map(len, parts)) + (1 if then_stall else 0)
+    queue = list(parts)
+    sent: list[Message] = []
+
+    async def receive() -> Message:
+        if queue:
+            await anyio.sleep(pause)
+            part = queue.pop(0)
+            return {"type": "http.request", "body": part, "more_body": bool(queue) or then_stall}
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    with anyio.fail_after(20):
+        await app(post_scope(path, length), receive, send)
+    start, *rest = sent
+    assert start["type"] == "http.response.start"
+    return start["status"], dict(start["headers"]), b"".join(m.get("body", b"") for m in rest)
+
+
+async def test_a_body_that_stalls_is_a_408_that_closes_the_connection() -> None:
+    limits = msgspec.structs.replace(LIMITS, body_timeout_seconds=0.3)
+    async with Host(chat=chat, log=MemoryLog()) as host:
+        started = anyio.current_time()
+        status, headers, body = await call_app(
+            host, limits, "/v1/sessions", [b'{"prompt": '], then_stall=True, pause=0
+        )
+        waited = anyio.current_time() - started
+        assert status == 408
+        assert headers[b"connection"] == b"close"
+        error = msgspec.json.decode(body, type=ErrorBody).error
+        assert error.field == "body"
+        assert "0.3 seconds" in error.message
+        assert 0.3 <= waited < 5
+        assert await host.sessions() == []
+
+
+async def test_a_slow_body_that_arrives_in_time_is_taken() -> None:
+    limits = msgspec.structs.replace(LIMITS, body_timeout_seconds=2.0)
+    parts = [b'{"prompt"', b': "sl', b'ow"}']
+    async with Host(chat=chat, log=MemoryLog()) as host:
+        status, headers, body = await call_app(
+            host, limits, "/v1/sessions", parts, then_stall=False, pause=0.1
+        )
+        assert status == 201, body
+        assert b"connection" not in headers
+        assert await host.sessions() == [msgspec.json.decode(body)["session_id"]]
 
 
 class FailingLog(MemoryLog):

@@ -15,6 +15,7 @@ def test_defaults_allow_ordinary_requests() -> None:
     assert Limits() == DEFAULT_LIMITS
     assert DEFAULT_LIMITS.max_body_bytes >= 1_000_000
     assert DEFAULT_LIMITS.max_wait_seconds == 60.0
+    assert DEFAULT_LIMITS.body_timeout_seconds == 60.0
 
 
 @pytest.mark.parametrize(
@@ -28,6 +29,12 @@ def test_defaults_allow_ordinary_requests() -> None:
         ("max_wait_seconds", math.inf),
         ("max_wait_seconds", -0.5),
         ("max_wait_seconds", "60"),
+        ("body_timeout_seconds", 0),
+        ("body_timeout_seconds", -1.0),
+        ("body_timeout_seconds", math.nan),
+        ("body_timeout_seconds", math.inf),
+        ("body_timeout_seconds", False),
+        ("body_timeout_seconds", "30"),
     ],
 )
 def test_bad_limits_are_refused_naming_the_field(field: str, value: Any) -> None:

@@ -231,6 +231,33 @@ def test_every_bad_request_is_a_4xx_naming_the_field_and_changes_nothing(
             assert snapshot(client, [idle, waiting]) == before, case.name
 
 
+def test_a_client_that_stalls_mid_body_gets_a_408_and_is_disconnected(
+    server: ServerProcess,
+) -> None:
+    host, port = server.url.removeprefix("http://").split(":")
+    with server.client() as client:
+        before = client.get("/v1/sessions", params={"limit": 1000}).json()
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(
+            b"POST /v1/sessions HTTP/1.1\r\nHost: x\r\n"
+            + f"Authorization: Bearer {server.token}\r\n".encode()
+            + b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+            + b'{"prompt": "never fini'
+        )
+        received = b""
+        while chunk := sock.recv(65536):  # to the end: the server closes the connection
+            received += chunk
+    head, _, body = received.partition(b"\r\n\r\n")
+    lines = head.decode().lower().split("\r\n")
+    assert lines[0].startswith("http/1.1 408"), received
+    assert "connection: close" in lines
+    error = msgspec.json.decode(body, type=ErrorBody).error
+    assert error.field == "body"
+    assert "not received in full within 2 seconds" in error.message
+    with server.client() as client:
+        assert client.get("/v1/sessions", params={"limit": 1000}).json() == before
+
+
 @pytest.mark.anyio
 async def test_200_concurrent_sessions_all_finish_with_the_right_answer(
     server: ServerProcess,

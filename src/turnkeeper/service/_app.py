@@ -274,16 +274,23 @@ class _Api:
             raise too_large
         chunks: list[bytes] = []
         size = 0
+        seconds = self.limits.body_timeout_seconds
         try:
-            # Closed explicitly: a stream left mid-body would be finalized by the GC.
-            async with aclosing(request.stream()) as stream:
-                async for chunk in stream:
-                    size += len(chunk)
-                    if size > limit:
-                        raise too_large
-                    chunks.append(chunk)
+            # A client that stalls mid-body would otherwise hold its connection forever: the
+            # server's keep-alive timeout only covers the wait for a request's headers.
+            with anyio.move_on_after(seconds) as reading:
+                # Closed explicitly: a stream left mid-body would be finalized by the GC.
+                async with aclosing(request.stream()) as stream:
+                    async for chunk in stream:
+                        size += len(chunk)
+                        if size > limit:
+                            raise too_large
+                        chunks.append(chunk)
         except ClientDisconnect:
             raise ApiError(400, "body: the client went away while sending it", "body") from None
+        if reading.cancelled_caught:
+            # Unread to its end, so the response says `Connection: close` (CloseUnreadBodies).
+            raise ApiError(408, f"body: not received in full within {seconds:g} seconds", "body")
         body = b"".join(chunks)
         try:
             decoded = msgspec.json.decode(body, type=kind)

@@ -25,6 +25,9 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True):
     """The longest a long-poll waits; a longer `wait` is cut to this."""
     max_page: int = 1_000
     """The most sessions or events one page holds."""
+    body_timeout_seconds: float = 60.0
+    """How long a request body may take to arrive in full once the service reads it; a
+    client that is slower (or sends part of it and stalls) gets a 408 and is disconnected."""
 
     def __post_init__(self) -> None:
         for name in ("max_body_bytes", "max_text_chars", "max_tool_result_chars", "max_page"):
@@ -41,6 +44,15 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True):
             raise InputError(f"Limits.max_wait_seconds: expected a number, got {wait!r}")
         if wait < 0:
             raise InputError(f"Limits.max_wait_seconds: expected >= 0, got {wait!r}")
+        body = self.body_timeout_seconds
+        if (
+            isinstance(body, bool)
+            or not isinstance(body, int | float)
+            or not (math.isfinite(body) and body > 0)
+        ):
+            raise InputError(
+                f"Limits.body_timeout_seconds: expected a number of seconds > 0, got {body!r}"
+            )
 
 
 DEFAULT_LIMITS = Limits()

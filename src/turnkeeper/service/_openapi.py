@@ -68,7 +68,8 @@ def openapi_document(limits: Limits) -> dict[str, Any]:
     }
     body_limits = (
         f"Bodies are JSON (`Content-Type: application/json`) of at most {limits.max_body_bytes} "
-        f"bytes; prompts and messages at most {limits.max_text_chars} characters"
+        f"bytes, sent in full within {limits.body_timeout_seconds:g} seconds; prompts and "
+        f"messages at most {limits.max_text_chars} characters"
     )
     health = _operation(
         "health",
@@ -89,7 +90,7 @@ def openapi_document(limits: Limits) -> dict[str, Any]:
                 f"{body_limits}; a history at most {limits.max_history_messages} messages.",
                 body=CreateSession,
                 ok=("201", "The session is open and logged", Created),
-                errors=(400, 401, 409, 413, 415, 422, 503),
+                errors=(400, 401, 408, 409, 413, 415, 422, 503),
             ),
             "get": _operation(
                 "listSessions",
@@ -126,7 +127,7 @@ def openapi_document(limits: Limits) -> dict[str, Any]:
                 parameters=[_SESSION_ID],
                 body=PostMessage,
                 ok=("202", "The message is queued", SessionInfo),
-                errors=(400, 401, 404, 409, 413, 415, 422, 429, 503),
+                errors=(400, 401, 404, 408, 409, 413, 415, 422, 429, 503),
             )
         },
         "/v1/sessions/{session_id}/tool_results": {
@@ -138,7 +139,7 @@ def openapi_document(limits: Limits) -> dict[str, Any]:
                 parameters=[_SESSION_ID],
                 body=PostToolResults,
                 ok=("202", "The results are logged; the session goes on", SessionInfo),
-                errors=(400, 401, 404, 409, 413, 415, 422, 503),
+                errors=(400, 401, 404, 408, 409, 413, 415, 422, 503),
             )
         },
         "/v1/sessions/{session_id}/cancel": {
@@ -221,6 +222,7 @@ _ERRORS = {
     400: "The body is not JSON",
     401: "No token, another scheme, or a wrong token",
     404: "No such session (or route)",
+    408: "The body did not arrive in full in time; the connection is closed",
     409: "The session is not in a state that allows this",
     413: "The body is too large",
     415: "The body is not `application/json`",

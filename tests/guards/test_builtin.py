@@ -624,8 +624,8 @@ configs = st.builds(
     budget=st.none()
     | st.builds(
         Budget,
-        max_tokens=st.none() | st.integers(0, 200),
-        max_seconds=st.none() | st.floats(0, 100),
+        max_tokens=st.none() | st.integers(1, 200),
+        max_seconds=st.none() | st.floats(0, 100, exclude_min=True),
     ),
 )
 

@@ -157,6 +157,45 @@ def test_window_keeps_system_and_last_turns_from_a_user_turn_and_cuts_results() 
     assert state.history[-1]["content"] == "x" * 50
 
 
+@pytest.mark.parametrize("turns", [0, 1, 2, 5])
+@pytest.mark.parametrize("window_turns", [1, 2, 5, 10**6])
+def test_window_shows_as_many_turns_as_it_may_for_every_allowed_size(
+    window_turns: int, turns: int
+) -> None:
+    history: list[dict[str, Any]] = [{"role": "system", "content": "s"}]
+    for turn in range(turns):
+        history += [{"role": "user", "content": f"u{turn}"}, {"role": "assistant", "content": "a"}]
+    config = GuardConfig(small_model=SmallModel(window_turns=window_turns, max_result_chars=1))
+    state = msgspec.structs.replace(open_session(SPEC, guards=config), history=tuple(history))
+    shown = window(state.history, state)
+    kept = min(turns, window_turns)
+    assert [m["content"] for m in shown if m["role"] == "user"] == [
+        f"u{turn}" for turn in range(turns - kept, turns)
+    ]
+    assert shown == history[:1] + history[len(history) - 2 * kept :]
+
+
+def test_the_smallest_window_cuts_results_to_one_character() -> None:
+    config = GuardConfig(small_model=SmallModel(window_turns=1, max_result_chars=1))
+    history = [
+        {"role": "user", "content": "q"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "web_search", "arguments": "{}"},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "abc"},
+    ]
+    state = msgspec.structs.replace(open_session(SPEC, guards=config), history=tuple(history))
+    assert window(state.history, state)[-1]["content"] == "a …(cut)"
+
+
 @pytest.mark.anyio
 async def test_run_in_small_model_mode_sends_a_window_and_logs_everything() -> None:
     chat = ScriptedChat(

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from turnkeeper._jsonschema import MAX_ERRORS, coerce, validate
+from turnkeeper._jsonschema import MAX_ERRORS, coerce, schema_problem, validate
 
 WEATHER: dict[str, Any] = {
     "type": "object",
@@ -390,6 +390,56 @@ def test_validate_never_raises(schema: dict[str, Any], instance: object) -> None
     assert isinstance(errors, list)
     assert len(errors) <= MAX_ERRORS
     assert all(isinstance(error, str) and error.startswith("$") for error in errors)
+
+
+UNUSABLE = ("validation stopped: the schema or the value nests", "cannot be resolved", "invalid")
+
+
+@settings(max_examples=150, deadline=None)
+@given(SCHEMAS, JSON)
+def test_a_schema_said_usable_checks_every_value(schema: dict[str, Any], instance: object) -> None:
+    problem = schema_problem(schema)
+    if problem is None:
+        errors = validate(schema, instance)
+        assert not [error for error in errors if any(word in error for word in UNUSABLE)]
+    elif "input schema is invalid" in problem:
+        assert validate(schema, instance) == [problem]
+
+
+@pytest.mark.parametrize(
+    ("schema", "problem"),
+    [
+        ({"type": 5}, "$: the tool's input schema is invalid (at $.type: "),
+        (
+            {"$ref": "#"},
+            '$: the schema\'s $ref "#" leads back to itself without going into the value',
+        ),
+        ({"allOf": [{"$ref": "#/$defs/a"}], "$defs": {"a": {"not": {"$ref": "#"}}}}, "leads back"),
+        (
+            {"properties": {"a": {"$ref": "#/$defs/gone"}}},
+            "$.properties.a: the schema's $ref \"#/$",
+        ),
+        ({"type": "object", "properties": {"next": {"$ref": "#"}}}, None),
+        ({"$defs": {"unused": {"$ref": "#/gone"}}}, None),
+        ({"$ref": "http://json-schema.org/draft-07/schema#"}, None),
+    ],
+)
+def test_schema_problem_says_why_a_schema_cannot_be_used(
+    schema: dict[str, Any], problem: str | None
+) -> None:
+    found = schema_problem(schema)
+    if problem is None:
+        assert found is None
+    else:
+        assert found is not None
+        assert problem in found
+        # Every such schema stops the check of some value.
+        instances: list[object] = [None, 1, {"a": 1}, {"next": {}}]
+        assert any(
+            any(word in error for word in UNUSABLE)
+            for instance in instances
+            for error in validate(schema, instance)
+        )
 
 
 @st.composite

@@ -5,7 +5,8 @@ A schema is checked with the dialect its `$schema` names; without one (or with o
 library does not know), as Draft 2020-12, else as draft-07 when only draft-07 accepts it
 (`items` as a list, `additionalItems`, `dependencies`). Compiled validators are cached per
 schema. `format` is not asserted. `$ref`s are resolved within the schema only: nothing is
-ever fetched, and a `$ref` that leads nowhere is an error message.
+ever fetched, and a `$ref` that leads nowhere is an error message. `schema_problem` says up
+front whether a schema can be used at all.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from decimal import Decimal
 from functools import lru_cache
@@ -38,7 +40,7 @@ if TYPE_CHECKING:
     # `referencing` exports no public name for the resolver type its registries return.
     from referencing._core import Resolver
 
-__all__ = ["MAX_ERRORS", "coerce", "validate"]
+__all__ = ["MAX_ERRORS", "coerce", "schema_problem", "validate"]
 
 MAX_ERRORS = 20
 _MAX_DEPTH = 64  # of `$ref` hops and nesting that `coerce` follows
@@ -91,16 +93,56 @@ _UNDECLARED = (
 _OFFLINE: referencing.Registry[Any] = referencing.Registry()
 _INTEGER = re.compile(r"-?(?:0|[1-9][0-9]{0,300})(?:\.0+)?")
 _NUMBER = re.compile(r"-?(?:0|[1-9][0-9]{0,300})(?:\.[0-9]{1,300})?(?:[eE][+-]?[0-9]{1,3})?")
+_META_SCHEMAS = ("https://json-schema.org/", "http://json-schema.org/")
+_REFS = ("$ref", "$dynamicRef", "$recursiveRef")
+# Keywords whose subschemas check the same value as their schema does, so a $ref cycle
+# through them alone never ends; and those whose subschemas check a part of the value.
+_IN_PLACE = (
+    "allOf",
+    "anyOf",
+    "oneOf",
+    "not",
+    "if",
+    "then",
+    "else",
+    "dependentSchemas",
+    "dependencies",  # draft-07's: subschemas, or lists of property names
+)
+_INTO_VALUE = (
+    "properties",
+    "patternProperties",
+    "additionalProperties",
+    "items",
+    "prefixItems",
+    "additionalItems",
+    "contains",
+    "propertyNames",
+    "unevaluatedItems",
+    "unevaluatedProperties",
+)
+_SCHEMA_MAPS = ("properties", "patternProperties", "dependentSchemas", "dependencies")
+# Up to draft-07, keywords beside a `$ref` are ignored.
+_REF_ALONE = frozenset(
+    _DIALECTS[str(cls.META_SCHEMA.get("$id", cls.META_SCHEMA.get("id"))).rstrip("#")]
+    for cls in (Draft4Validator, Draft6Validator, Draft7Validator)
+)
 
 
 class _Checker:
     """A compiled schema: its validator, a resolver for following its `$ref`s, and a fast
     exact check when the schema is simple enough for one."""
 
-    def __init__(self, validator: Validator, resolver: Resolver[Any], simple: Check | None) -> None:
+    def __init__(
+        self,
+        validator: Validator,
+        resolver: Resolver[Any],
+        simple: Check | None,
+        problem: str | None,
+    ) -> None:
         self.validator = validator
         self.resolver = resolver
         self.simple = simple
+        self.problem = problem
 
     def is_valid(self, instance: object) -> bool:
         if self.simple is not None:
@@ -179,6 +221,18 @@ def is_valid(schema: Mapping[str, Any], instance: object) -> bool:
         return False
 
 
+def schema_problem(schema: Mapping[str, Any]) -> str | None:
+    """Why `schema` cannot check a tool's arguments, or None when it can.
+
+    It cannot when it is not JSON, is not valid JSON Schema (a `type` of 5, a `pattern` that
+    is no regex), or holds a `$ref` that leads nowhere or back to itself without going into
+    the value (`{"$ref": "#"}`), which would stop every check. The message is worded as
+    `validate` words such problems.
+    """
+    checker = _checker(schema)
+    return checker if isinstance(checker, str) else checker.problem
+
+
 _recent: dict[int, tuple[Mapping[str, Any], object, _Checker | str]] = {}
 
 
@@ -223,9 +277,125 @@ def _compile(text: str) -> _Checker | str:
             spec = referencing.jsonschema.specification_with(dialect)
             resolver = _OFFLINE.resolver_with_root(spec.create_resource(schema))
             simple = None if cls.TYPE_CHECKER is _DRAFT4_TYPES else compile_simple(schema)
-            return _Checker(cls(schema, registry=_OFFLINE), resolver, simple)
+            # Without a $ref anywhere, there is no $ref to follow.
+            refs = any(f'"{keyword}"' in text for keyword in _REFS)
+            unusable = _ref_problem(schema, resolver, cls, spec) if refs else None
+            return _Checker(cls(schema, registry=_OFFLINE), resolver, simple, unusable)
         problem = problem or f"at {_path(error.absolute_path)}: {_cut(error.message, 160)}"
     return _invalid(problem)
+
+
+def _ref_problem(
+    schema: Mapping[str, Any],
+    resolver: Resolver[Any],
+    dialect: type[Validator],
+    spec: referencing.Specification[Any],
+) -> str | None:
+    """The first `$ref` in `schema` that cannot be resolved or that leads back to itself
+    without going into the value, as a message; None if there is none.
+
+    Walks the subschemas a check can reach (not unused `$defs`), following `$ref`s as the
+    library does, then looks for a cycle among the same-value edges alone.
+    """
+    index: dict[int, int] = {}
+    edges: list[list[tuple[int, str | None]]] = []
+    queue: deque[tuple[Mapping[str, Any], Resolver[Any], tuple[str | int, ...]]] = deque()
+
+    def reach(node: Mapping[str, Any], inner: Resolver[Any], path: tuple[str | int, ...]) -> int:
+        if id(node) not in index:
+            index[id(node)] = len(edges)
+            edges.append([])
+            queue.append((node, inner, path))
+        return index[id(node)]
+
+    reach(schema, resolver, ())
+    while queue:
+        node, inner, path = queue.popleft()
+        own = edges[index[id(node)]]
+        for keyword in _REFS:
+            if keyword not in node or keyword not in dialect.VALIDATORS:
+                continue
+            ref = node[keyword]
+            if not isinstance(ref, str):  # where the meta-schema does not look, as in `$defs`
+                return f"{_path(path)}: the schema's {keyword} is {_kind(ref)}, not a string"
+            # The library holds the json-schema.org meta-schemas, and resolves them itself.
+            if ref.startswith(_META_SCHEMAS):
+                continue
+            try:
+                resolved = inner.lookup(ref)
+            except Unresolvable:
+                if keyword != "$ref":
+                    continue  # a dynamic reference may be resolved at check time
+                return f"{_path(path)}: the schema's $ref {_show(ref)} cannot be resolved"
+            if isinstance(resolved.contents, Mapping):  # not a boolean schema, with no $refs
+                target = reach(resolved.contents, resolved.resolver, (*path, keyword))
+                own.append((target, f"{_path(path)}: the schema's {keyword} {_show(ref)}"))
+        if "$ref" in node and dialect in _REF_ALONE:
+            continue
+        for keywords, in_place in ((_IN_PLACE, True), (_INTO_VALUE, False)):
+            for keyword in keywords:
+                if keyword not in dialect.VALIDATORS:
+                    continue  # not a keyword of this dialect, so the library ignores it
+                for where, sub in _subschemas(node, keyword):
+                    child = inner.in_subresource(spec.create_resource(sub))
+                    target = reach(sub, child, (*path, *where))
+                    if in_place:
+                        own.append((target, None))
+    return _cycle(edges)
+
+
+def _subschemas(
+    node: Mapping[str, Any], keyword: str
+) -> Iterator[tuple[tuple[str | int, ...], Mapping[str, Any]]]:
+    """The subschemas `keyword` holds in `node` (not boolean ones, which hold no `$ref`),
+    each with its path from `node`."""
+    value = node.get(keyword)
+    if isinstance(value, list):
+        found: list[tuple[tuple[str | int, ...], object]] = [
+            ((keyword, position), item) for position, item in enumerate(value)
+        ]
+    elif isinstance(value, Mapping) and keyword in _SCHEMA_MAPS:
+        found = [((keyword, key), item) for key, item in value.items()]
+    else:
+        found = [((keyword,), value)]
+    for where, item in found:
+        if isinstance(item, Mapping):
+            yield where, item
+
+
+def _cycle(edges: list[list[tuple[int, str | None]]]) -> str | None:
+    """A message naming a `$ref` on a cycle of `edges`, or None if they hold no cycle.
+
+    Each edge is a target and, for a `$ref`, where it is; every cycle holds one, as the
+    other edges go from a schema to one inside it.
+    """
+    state = [0] * len(edges)  # 0 unseen, 1 on the current path, 2 done
+    for start in range(len(edges)):
+        if state[start]:
+            continue
+        state[start] = 1
+        stack: list[tuple[int, Iterator[tuple[int, str | None]], str | None]] = [
+            (start, iter(edges[start]), None)
+        ]
+        while stack:
+            node, successors, _ = stack[-1]
+            for target, ref in successors:
+                if state[target] == 1:
+                    nodes = [frame[0] for frame in stack]
+                    entered = [frame[2] for frame in stack[nodes.index(target) + 1 :]]
+                    named = next(where for where in (*entered, ref) if where is not None)
+                    return (
+                        f"{named} leads back to itself without going into the value, "
+                        "so a check would never end"
+                    )
+                if state[target] == 0:
+                    state[target] = 1
+                    stack.append((target, iter(edges[target]), ref))
+                    break
+            else:
+                state[node] = 2
+                stack.pop()
+    return None
 
 
 def _invalid(problem: str) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import math
 from typing import Any
 
 import msgspec
@@ -42,8 +43,94 @@ def test_a_tool_name_that_is_not_a_string_raises_input_error(name: Any) -> None:
 
 
 def test_a_tool_schema_must_be_an_object() -> None:
-    with pytest.raises(InputError, match=r"ToolSpec\.input_schema of 'search'"):
+    with pytest.raises(InputError, match=r"^ToolSpec\.input_schema: the schema of tool 'search'"):
         ToolSpec("search", input_schema=["not", "a", "schema"])  # type: ignore[arg-type]
+
+
+DRAFT_07 = "http://json-schema.org/draft-07/schema#"
+UNUSABLE_SCHEMAS: list[tuple[dict[str, Any], str]] = [
+    ({"type": 5}, "invalid (at $.type: "),
+    ({"type": "string", "pattern": "("}, "invalid (at $.pattern: "),
+    ({"properties": {"a": {"type": "strin"}}}, "invalid (at $.properties.a.type: "),
+    ({"type": "object", "default": {1, 2}}, "not JSON"),
+    ({"$ref": "#"}, '$: the schema\'s $ref "#" leads back to itself'),
+    ({"anyOf": [{"type": "string"}, {"$ref": "#"}]}, '$.anyOf[1]: the schema\'s $ref "#" leads'),
+    ({"properties": {"a": {"$ref": "#/properties/a"}}}, "$.properties.a: the schema's $ref"),
+    (
+        {
+            "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"allOf": [{"$ref": "#/$defs/a"}]}},
+            "properties": {"x": {"$ref": "#/$defs/a"}},
+        },
+        "leads back to itself without going into the value",
+    ),
+    ({"properties": {"a": {"$ref": "#/$defs/nope"}}}, "$.properties.a: the schema's $ref \"#/$"),
+    ({"$ref": "https://example.com/schema.json"}, "cannot be resolved"),
+    # Draft-07's meta-schema does not look into `$defs`, but its $ref leads there.
+    (
+        {"$schema": DRAFT_07, "$ref": "#/$defs/a", "$defs": {"a": {"$ref": {"x": 1}}}},
+        "the schema's $ref is object, not a string",
+    ),
+]
+
+
+@pytest.mark.parametrize(("schema", "problem"), UNUSABLE_SCHEMAS)
+def test_a_schema_arguments_cannot_be_checked_against_is_refused_naming_the_tool(
+    schema: dict[str, Any], problem: str
+) -> None:
+    with pytest.raises(InputError) as caught:
+        ToolSpec("lookup", input_schema=schema)
+    message = str(caught.value)
+    assert message.startswith("ToolSpec.input_schema: the schema of tool 'lookup' cannot be used: ")
+    assert problem in message
+
+
+@pytest.mark.parametrize(
+    ("schema", "problem"), [case for case in UNUSABLE_SCHEMAS if "not JSON" not in case[1]]
+)
+def test_an_unusable_schema_is_refused_when_a_spec_is_decoded(
+    schema: dict[str, Any], problem: str
+) -> None:
+    raw = {"tools": [{"name": "ok"}, {"name": "lookup", "input_schema": schema}]}
+    with pytest.raises(msgspec.ValidationError) as caught:
+        msgspec.json.decode(msgspec.json.encode(raw), type=AgentSpec)
+    assert problem in str(caught.value)
+    assert str(caught.value).endswith(" - at `$.tools[1]`")
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "object", "properties": {"child": {"$ref": "#"}}},
+        {
+            "$defs": {"tree": {"type": "array", "items": {"$ref": "#/$defs/tree"}}},
+            "properties": {"t": {"$ref": "#/$defs/tree"}},
+        },
+        {"$defs": {"unused": {"$ref": "#/nowhere"}}},
+        {"$ref": "https://json-schema.org/draft/2020-12/schema"},
+        {"$dynamicAnchor": "node", "properties": {"kids": {"items": {"$dynamicRef": "#node"}}}},
+        {
+            "$schema": DRAFT_07,
+            "definitions": {"n": {"items": {"$ref": "#/definitions/n"}}},
+            "$ref": "#/definitions/n",
+        },
+        # Up to draft-07 the keywords beside a $ref are ignored, so this $ref is never followed.
+        {
+            "$schema": DRAFT_07,
+            "$ref": "#/definitions/n",
+            "definitions": {"n": {}},
+            "properties": {"a": {"$ref": "#/nowhere"}},
+        },
+        {
+            "$id": "https://example.com/root.json",
+            "$defs": {
+                "c": {"$id": "child.json", "$defs": {"d": {"type": "string"}}, "$ref": "#/$defs/d"}
+            },
+            "properties": {"a": {"$ref": "child.json"}},
+        },
+    ],
+)
+def test_recursive_and_self_contained_schemas_are_accepted(schema: dict[str, Any]) -> None:
+    assert ToolSpec("lookup", input_schema=schema).input_schema == schema
 
 
 def test_tool_spec_defaults_and_openai_shape() -> None:
@@ -108,7 +195,7 @@ def test_a_spec_looks_up_its_tools_by_name() -> None:
 def test_sampling_holds_only_the_params_that_are_set() -> None:
     assert AgentSpec().sampling() == {}
     assert AgentSpec(temperature=0.0).sampling() == {"temperature": 0.0}
-    assert AgentSpec(seed=0, max_tokens=0).sampling() == {"seed": 0, "max_tokens": 0}
+    assert AgentSpec(seed=0, max_tokens=1).sampling() == {"seed": 0, "max_tokens": 1}
     full = AgentSpec(temperature=0.7, top_p=0.9, max_tokens=256, seed=7, stop=("END",))
     assert full.sampling() == {
         "temperature": 0.7,
@@ -117,6 +204,63 @@ def test_sampling_holds_only_the_params_that_are_set() -> None:
         "seed": 7,
         "stop": ["END"],
     }
+
+
+SAMPLING_REFUSED: list[tuple[str, Any]] = [
+    ("temperature", -5),
+    ("temperature", -0.01),
+    ("temperature", 2.01),
+    ("temperature", math.nan),
+    ("temperature", math.inf),
+    ("temperature", True),
+    ("temperature", "0.5"),
+    ("top_p", 0),
+    ("top_p", -0.5),
+    ("top_p", 1.5),
+    ("top_p", math.nan),
+    ("top_p", False),
+    ("max_tokens", 0),
+    ("max_tokens", -1),
+    ("max_tokens", 1.5),
+    ("max_tokens", True),
+    ("seed", 2**63),
+    ("seed", -(2**63) - 1),
+    ("seed", 1.5),
+    ("seed", True),
+    ("stop", "END"),
+    ("stop", (1,)),
+    ("stop", 5),
+]
+
+
+@pytest.mark.parametrize(("field", "value"), SAMPLING_REFUSED)
+def test_a_sampling_param_out_of_range_is_refused_naming_it(field: str, value: Any) -> None:
+    with pytest.raises(InputError, match=rf"^AgentSpec\.{field}: expected "):
+        AgentSpec(**{field: value})
+
+
+@pytest.mark.parametrize(("field", "value"), SAMPLING_REFUSED)
+def test_a_sampling_param_out_of_range_is_refused_when_decoded(field: str, value: Any) -> None:
+    # A value of the wrong type, or past what the type holds, is msgspec's to refuse.
+    refused = rf"^(AgentSpec\.{field}: expected |Expected |Number out of range)"
+    with pytest.raises(msgspec.ValidationError, match=refused):
+        msgspec.convert({field: value}, AgentSpec)
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        {"temperature": 0, "top_p": 1, "max_tokens": 1, "seed": -(2**63)},
+        {"temperature": 2.0, "top_p": 1e-9, "seed": 2**63 - 1, "stop": ()},
+        {"temperature": 1, "stop": ("", "END")},
+    ],
+)
+def test_sampling_params_at_the_ends_of_their_ranges_are_accepted(sampling: dict[str, Any]) -> None:
+    spec = AgentSpec(**sampling)
+    assert spec.sampling() == {
+        key: list(value) if key == "stop" else value for key, value in sampling.items()
+    }
+    assert msgspec.json.decode(msgspec.json.encode(spec), type=AgentSpec) == spec
 
 
 def test_agent_spec_defaults() -> None:

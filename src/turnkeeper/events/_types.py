@@ -7,12 +7,14 @@ from typing import Any
 
 import msgspec
 
+from turnkeeper._jsonschema import schema_problem
 from turnkeeper.events._errors import InputError
 
 Message = dict[str, Any]
 """An OpenAI chat-completions message, string-keyed, kept verbatim."""
 
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+_INT64 = (-(2**63), 2**63 - 1)
 
 
 class Usage(msgspec.Struct, frozen=True, gc=False):
@@ -33,7 +35,12 @@ class Usage(msgspec.Struct, frozen=True, gc=False):
 
 
 class ToolSpec(msgspec.Struct, frozen=True):
-    """A tool the model may call. `repeatable` tools (a status poll, say) are never deduplicated."""
+    """A tool the model may call. `repeatable` tools (a status poll, say) are never deduplicated.
+
+    `input_schema` must be a JSON Schema its arguments can be checked against: one that
+    is invalid, or whose `$ref`s lead nowhere or round in a circle, is refused here rather
+    than when the model first calls the tool.
+    """
 
     name: str
     description: str = ""
@@ -51,7 +58,15 @@ class ToolSpec(msgspec.Struct, frozen=True):
                 f"ToolSpec.name: {self.name!r} must be 1 to 64 letters, digits, '_', '.' or '-'"
             )
         if not isinstance(self.input_schema, dict):
-            raise InputError(f"ToolSpec.input_schema of {self.name!r} must be a JSON Schema object")
+            raise InputError(
+                f"ToolSpec.input_schema: the schema of tool {self.name!r} must be a JSON Schema "
+                "object"
+            )
+        problem = schema_problem(self.input_schema)
+        if problem is not None:
+            raise InputError(
+                f"ToolSpec.input_schema: the schema of tool {self.name!r} cannot be used: {problem}"
+            )
 
     def to_openai(self) -> dict[str, Any]:
         """The tool in OpenAI chat-completions shape."""
@@ -120,7 +135,12 @@ class McpServer(msgspec.Struct, frozen=True):
 class AgentSpec(msgspec.Struct, frozen=True):
     """What an agent is: its system prompt, tools, terminal tool, model and sampling params,
     and the MCP servers whose tools it may call (listed when a session opens, then added to
-    `tools` with their `mcp_server` set)."""
+    `tools` with their `mcp_server` set).
+
+    Sampling params are None (the server's default) or in OpenAI's ranges: `temperature`
+    from 0 to 2, `top_p` more than 0 and at most 1, `max_tokens` 1 or more, `seed` a
+    64-bit integer, `stop` a list of strings.
+    """
 
     system_prompt: str = ""
     tools: tuple[ToolSpec, ...] = ()
@@ -148,6 +168,7 @@ class AgentSpec(msgspec.Struct, frozen=True):
                     f"AgentSpec.tools: tool {tool.name!r} names MCP server {tool.mcp_server!r}, "
                     "which is not one of the spec's mcp_servers"
                 )
+        self._check_sampling()
         if self.stop is not None:
             msgspec.structs.force_setattr(self, "stop", tuple(self.stop))
         names = [tool.name for tool in tools]
@@ -159,6 +180,38 @@ class AgentSpec(msgspec.Struct, frozen=True):
                 f"AgentSpec.terminal_tool: {self.terminal_tool!r} is not one of the tools "
                 f"({', '.join(names) or 'none given'})"
             )
+
+    def _check_sampling(self) -> None:
+        """Raise InputError, naming the field, unless each sampling param is None or in range."""
+        temperature, top_p = self.temperature, self.top_p
+        if temperature is not None and not (_is_number(temperature) and 0 <= temperature <= 2):
+            raise InputError(
+                f"AgentSpec.temperature: expected a number from 0 to 2, got {temperature!r:.80}"
+            )
+        if top_p is not None and not (_is_number(top_p) and 0 < top_p <= 1):
+            raise InputError(
+                f"AgentSpec.top_p: expected a number more than 0 and at most 1, got {top_p!r:.80}"
+            )
+        tokens = self.max_tokens
+        if tokens is not None and (
+            isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1
+        ):
+            raise InputError(f"AgentSpec.max_tokens: expected an integer >= 1, got {tokens!r:.80}")
+        seed = self.seed
+        if seed is not None and (
+            isinstance(seed, bool)
+            or not isinstance(seed, int)
+            or not _INT64[0] <= seed <= _INT64[1]
+        ):
+            raise InputError(
+                f"AgentSpec.seed: expected an integer from -2**63 to 2**63 - 1, got {seed!r:.80}"
+            )
+        stop: object = self.stop
+        # A string is refused, not split into one-letter stops.
+        if stop is not None and (
+            not isinstance(stop, list | tuple) or not all(isinstance(item, str) for item in stop)
+        ):
+            raise InputError(f"AgentSpec.stop: expected a list of strings, got {stop!r:.80}")
 
     def tool(self, name: str) -> ToolSpec | None:
         """The tool called `name`, if the spec has it."""
@@ -181,6 +234,11 @@ class AgentSpec(msgspec.Struct, frozen=True):
         if self.stop is not None:
             params["stop"] = list(self.stop)
         return params
+
+
+def _is_number(value: object) -> bool:
+    """Whether `value` is an int or a float (not a bool). A NaN is one, but fails every range."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 class ToolUse(msgspec.Struct, frozen=True, gc=False):

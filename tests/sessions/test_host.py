@@ -32,6 +32,7 @@ from turnkeeper.events import (
     ChatFailed,
     Envelope,
     InputError,
+    LogError,
     MessageReceived,
     ModelResponded,
     ToolResult,
@@ -713,3 +714,92 @@ async def test_one_log_line_per_status_transition(caplog: pytest.LogCaptureFixtu
         ("running", "idle"),
     ]
     assert all("timestamp" in line and line["seq"] >= 1 for line in transitions)
+
+
+class HeldAfterCommit(MemoryLog):
+    """A MemoryLog whose appends, once their events are in, wait for `release` before they
+    return: a reader sees a session that `start` has not yet heard is logged."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.committed = anyio.Event()
+        self.release = anyio.Event()
+
+    async def append(self, events: Any, *, expected_seq: int) -> None:
+        await super().append(events, expected_seq=expected_seq)
+        if expected_seq == 0:
+            self.committed.set()
+            await self.release.wait()
+
+
+async def test_a_call_racing_start_uses_starts_session_and_makes_no_second_task() -> None:
+    calls = 0
+
+    async def chat(request: dict[str, Any]) -> dict[str, Any]:
+        nonlocal calls
+        calls += 1
+        return text_response("hi")
+
+    log = HeldAfterCommit()
+    infos: list[Any] = []
+    # Bounded, so that a regression fails rather than hangs (the old code hung here).
+    with anyio.fail_after(10):
+        await race_start(chat, log, infos)
+    # The status call answered once `start` had made its record.
+    assert len(infos) == 1
+    async with Host(chat=chat, log=log) as host:
+        info = await settle(host, "s")
+    assert (info.status, info.text, calls) == ("idle", "hi", 1)
+    check_log(await log.read("s"))
+
+
+async def race_start(chat: Any, log: HeldAfterCommit, infos: list[Any]) -> None:
+    """Start session "s" and, while its first append is held, ask for its status."""
+    async with Host(chat=chat, log=log) as host, anyio.create_task_group() as group:
+
+        async def start() -> None:
+            await host.start(SPEC, "hello", session_id="s")
+
+        async def look() -> None:
+            infos.append(await host.status("s"))
+
+        group.start_soon(start)
+        await log.committed.wait()
+        group.start_soon(look)
+        # A duplicate start meanwhile is refused, as once the first has returned.
+        with pytest.raises(InputError, match="s already exists"):
+            await host.start(SPEC, "hello", session_id="s")
+        await anyio.sleep(0.05)
+        assert infos == []
+        log.release.set()
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "sqlite"])
+async def test_a_host_refuses_a_log_it_cannot_write(tmp_path: Path, kind: str) -> None:
+    path = tmp_path / ("log" if kind == "jsonl" else "log.sqlite")
+    opened: Any = JsonlLog if kind == "jsonl" else SqliteLog
+    async with opened(path) as writer:
+        await writer.sessions()
+        for log in (opened(path), opened(path, read_only=True)):
+            async with log:
+                with pytest.raises(LogError, match=r"only reads .* a host must write its log"):
+                    async with Host(chat=ScriptedChat([]), log=log):
+                        pass
+
+
+async def test_a_thousand_crashes_within_the_window_back_off_without_overflow() -> None:
+    crashes = 1_100
+
+    async def chat(request: dict[str, Any]) -> dict[str, Any]:
+        nonlocal crashes
+        if crashes:
+            crashes -= 1
+            raise RuntimeError("crash")
+        return text_response("made it")
+
+    host = Host(chat=chat, max_restarts=2_000, restart_backoff=0.001, max_backoff=0)
+    with anyio.fail_after(60):
+        async with host:
+            await host.start(SPEC, "hello", session_id="s")
+            info = await host.result("s", wait=60)
+    assert (info.status, info.text, crashes) == ("idle", "made it", 0)

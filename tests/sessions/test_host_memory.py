@@ -36,6 +36,7 @@ from turnkeeper.events._memory_log import MemoryLog
 from turnkeeper.events._sqlite_log import SqliteLog
 from turnkeeper.providers import text_response, tool_response
 from turnkeeper.sessions import Host, SessionInfo
+from turnkeeper.sessions._rebuild import runs_by_page
 
 pytestmark = pytest.mark.anyio
 
@@ -420,6 +421,63 @@ async def test_a_recovered_host_holds_at_most_max_resting(tmp_path: Path) -> Non
         for session_id, info in infos.items():
             assert await host.status(session_id) == info
         assert len(host._sessions) == 5
+
+
+class Watched(MemoryLog):
+    """A MemoryLog that notes, at each read of a page, how many sessions `host` holds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.host: Host | None = None
+        self.held: list[int] = []
+
+    async def read_all(
+        self, *, after: int = 0, limit: int | None = None
+    ) -> list[tuple[int, Envelope]]:
+        if self.host is not None:
+            self.held.append(len(self.host._sessions))
+        return await super().read_all(after=after, limit=limit)
+
+
+async def test_recovery_holds_at_most_max_resting_at_rest_as_it_goes() -> None:
+    log = Watched()
+    async with Host(chat=Model(), log=log, max_resting=None) as first:
+        infos = {f"s{n}": await run_to_rest(first, f"s{n}", "hello") for n in range(40)}
+        # Let go during the pass, then given more events: read again whole at the end.
+        await first.send("s0", "hello again")
+        infos["s0"] = await settle(first, "s0")
+    host = Host(chat=Model(), log=log, max_resting=3)
+    log.host = host
+    with anyio.fail_after(10):
+        async with host:
+            assert set(host._sessions) == {"s38", "s39", "s0"}
+            for session_id, info in infos.items():
+                assert await host.status(session_id) == info
+    # Pages of 20,000 events: one page here, and the pass holds no more as it goes.
+    assert log.held
+    assert max(log.held) <= 3
+
+
+async def test_recovery_lets_go_at_rest_sessions_page_by_page(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(
+        "turnkeeper.sessions._host.runs_by_page", lambda log: runs_by_page(log, page=7)
+    )
+    log = Watched()
+    async with Host(chat=Model(), log=log, max_resting=None) as first:
+        infos = {f"s{n}": await run_to_rest(first, f"s{n}", "hello") for n in range(30)}
+        await first.send("s3", "ask")
+        infos["s3"] = await settle(first, "s3")
+    host = Host(chat=Model(), log=log, max_resting=4)
+    log.host = host
+    async with host:
+        assert len(host._sessions) == 4
+        for session_id, info in infos.items():
+            assert await host.status(session_id) == info
+        for session_id in infos:
+            check_log(await log.read(session_id))
+    assert max(log.held) <= 5
 
 
 # -- the same calls on a host that drops and on one that does not --------------------------

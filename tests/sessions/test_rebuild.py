@@ -1,5 +1,6 @@
-"""rebuild_all: every session of a log rebuilt in one pass, page by page, as replaying
-each session's own events would; a session that does not replay gets its error."""
+"""runs_by_page and rebuilt_on: every session of a log rebuilt in one pass, page by page,
+as replaying each session's own events would; a session that does not replay gets its
+error."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from turnkeeper.events import (
     Envelope,
     EventLog,
     LogCorrupt,
+    LogError,
     MemoryLog,
     SeqError,
     SqliteLog,
@@ -24,11 +26,23 @@ from turnkeeper.events import (
 )
 from turnkeeper.providers import text_response, tool_response
 from turnkeeper.sessions import run
-from turnkeeper.sessions._rebuild import rebuild_all
+from turnkeeper.sessions._rebuild import Rebuilt, rebuilt_on, runs_by_page
 
 pytestmark = pytest.mark.anyio
 
 SPEC = AgentSpec(system_prompt="Look things up.", tools=(ToolSpec("lookup"),))
+
+
+async def rebuild_all(log: EventLog, *, page: int = 20_000) -> dict[str, Rebuilt]:
+    """Every session, each run folded on from what the pages before left it in, as a
+    Host's recovery does; a session that did not replay keeps its error."""
+    rebuilt: dict[str, Rebuilt] = {}
+    async for runs in runs_by_page(log, page=page):
+        for session_id, events in runs.items():
+            before = rebuilt.get(session_id)
+            if not isinstance(before, LogError):
+                rebuilt[session_id] = rebuilt_on(None if before is None else before[0], events)
+    return rebuilt
 
 
 async def recorded(session_id: str, trips: int) -> list[Envelope]:
@@ -126,3 +140,17 @@ async def test_a_page_that_does_not_read_is_a_log_error(tmp_path: Path) -> None:
 
 async def test_an_empty_log_rebuilds_nothing() -> None:
     assert await rebuild_all(MemoryLog()) == {}
+
+
+async def test_runs_come_in_order_of_each_sessions_last_event_in_the_page() -> None:
+    sessions = {name: await recorded(name, 1) for name in ("a", "b", "c")}
+    log = MemoryLog()
+    for name, end in (("a", 2), ("b", 2), ("c", 2), ("a", 4), ("c", 4), ("b", 4)):
+        start = await log.last_seq(name)
+        await log.append(sessions[name][start:end], expected_seq=start)
+    pages = [list(runs) async for runs in runs_by_page(log, page=100)]
+    assert pages == [["a", "c", "b"]]
+    paged = [
+        [(name, len(run)) for name, run in runs.items()] async for runs in runs_by_page(log, page=8)
+    ]
+    assert paged == [[("b", 2), ("c", 2), ("a", 4)], [("c", 2), ("b", 2)]]

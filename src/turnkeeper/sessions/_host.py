@@ -65,7 +65,7 @@ from turnkeeper.sessions._poll import (
     failure_events,
     opened_event,
 )
-from turnkeeper.sessions._rebuild import rebuild_all
+from turnkeeper.sessions._rebuild import rebuilt_on, runs_by_page
 from turnkeeper.sessions._slots import Slots
 from turnkeeper.tools._handlers import (
     ToolContext,
@@ -333,6 +333,9 @@ class Host:
         self._model_slots: Slots | None = None
         self.clock = clock
         self.counters: dict[str, int] = {}
+        # Every append's time, the recent ones apart (the last 5,000 to 10,000).
+        self.appends = 0
+        self.append_seconds_total = 0.0
         self.append_seconds: list[float] = []
         self._sessions: dict[str, _Session] = {}
         self.max_resting = max_resting
@@ -346,6 +349,10 @@ class Host:
         self._dropped_crashes: dict[str, list[float]] = {}
         # Reads of sessions the host does not hold, in flight, by id (see `_read_back`).
         self._loading: dict[str, int] = {}
+        # Sessions being started, set once `start` has made its record or failed: a call
+        # that read one back from the log meanwhile would make a second record, and a
+        # second task running the session beside the first.
+        self._starting: dict[str, anyio.Event] = {}
         self._group: anyio.abc.TaskGroup | None = None
         self._stack: AsyncExitStack | None = None
         self._accepting = False
@@ -403,30 +410,35 @@ class Host:
         events, state = self._opening(spec, prompt, (), session_id, history, max_turns, guards)
         # The sessions this host knows; any other one already in the log (written by
         # another process, or unreadable at recovery) fails the append's seq check.
-        if state.session_id in self._sessions:
+        if state.session_id in self._sessions or state.session_id in self._starting:
             raise _taken(state.session_id)
-        mcp = None
-        if spec.mcp_servers:
-            # Checked as the log will check them before any server starts: a start refused
-            # starts none. Then made again with the tools the servers give.
-            check_batch(events, 0)
-            mcp = await self._mcp.open(spec)
-            events, state = self._opening(
-                mcp.spec, prompt, mcp.events, state.session_id, history, max_turns, guards
-            )
+        started = self._starting[state.session_id] = anyio.Event()
         try:
-            await self._append(state.session_id, events, expected_seq=0)
-        except SeqConflict:
-            raise _taken(state.session_id) from None
-        session = _Session(state, _logged(events[-1]))
-        session.mcp = mcp
-        if prompt is not None:
-            session.opening = (prompt, capture_context())
-        self._sessions[state.session_id] = session
-        # Given its task first: at rest with none (no prompt), `_note` could drop it.
-        self._spawn(session)
-        self._note(session)
-        return state.session_id
+            mcp = None
+            if spec.mcp_servers:
+                # Checked as the log will check them before any server starts: a start refused
+                # starts none. Then made again with the tools the servers give.
+                check_batch(events, 0)
+                mcp = await self._mcp.open(spec)
+                events, state = self._opening(
+                    mcp.spec, prompt, mcp.events, state.session_id, history, max_turns, guards
+                )
+            try:
+                await self._append(state.session_id, events, expected_seq=0)
+            except SeqConflict:
+                raise _taken(state.session_id) from None
+            session = _Session(state, _logged(events[-1]))
+            session.mcp = mcp
+            if prompt is not None:
+                session.opening = (prompt, capture_context())
+            self._sessions[state.session_id] = session
+            # Given its task first: at rest with none (no prompt), `_note` could drop it.
+            self._spawn(session)
+            self._note(session)
+            return state.session_id
+        finally:
+            del self._starting[state.session_id]
+            started.set()
 
     def _opening(
         self,
@@ -674,36 +686,90 @@ class Host:
     # -- loading and recovery ---------------------------------------------------------------
 
     async def _recover(self) -> None:
-        """Rebuild every session in the log, in one pass over it (session by session if a
-        page of it does not read, so that only the sessions a damaged row belongs to are
-        lost), and give a task to each with work to do. In one pause of the cycle
-        collector: the sessions are a bulk load (see `gc_paused`)."""
+        """Rebuild every session in the log and give a task to each with work to do, in
+        one pause of the cycle collector: the sessions are a bulk load (see `gc_paused`).
+
+        One pass over the log (`_rebuild_all`), which holds no more sessions at rest than
+        `max_resting`; then a read of each session it did not hold as its last event left
+        it: one let go before a later event of it, and, if a page of the log does not
+        read, every session the pass had not finished (session by session, so that only
+        the sessions a damaged row belongs to are lost)."""
+        session_ids = await self.log.sessions()
+        if not self.log.writable:
+            raise LogError(
+                f"Host: {self.log!r} only reads (opened read_only, or another log writes "
+                "it): a host must write its log"
+            )
         with gc_paused():
             try:
-                rebuilt = await rebuild_all(self.log)
+                unread, broken = await self._rebuild_all()
             except LogError as exc:
                 _log.warning("recovery.read_failed", error=str(exc))
-                rebuilt = {}
-            for session_id in await self.log.sessions():
-                # Popped: a session dropped below is then freed at once.
-                found = rebuilt.pop(session_id, None)
+                self._sessions.clear()
+                self._resting.clear()
+                self._dropped.clear()
+                unread, broken = set(session_ids), {}
+            for session_id, error in broken.items():
+                _log.error("session.unreadable", session_id=session_id, error=str(error))
+            for session_id in session_ids:
+                if session_id not in unread and (
+                    session_id in self._sessions or session_id in self._dropped
+                ):
+                    continue
+                if session_id in broken:
+                    continue
                 try:
-                    if found is None:
-                        session = await self._read(session_id)
-                    elif isinstance(found, LogError):
-                        raise found
-                    else:
-                        session = _session_of(*found)
+                    self._sessions[session_id] = await self._read(session_id)
                 except LogError as exc:
                     _log.error("session.unreadable", session_id=session_id, error=str(exc))
-                    continue
-                self._sessions[session_id] = session
-                # At rest, it joins the least recently used: beyond `max_resting`, the oldest
-                # of those are dropped as the recovery goes.
+            # One transition line for each session held. Those the pass left at rest first,
+            # in their order (least recently logged first), which noting each keeps.
+            others = [s for i, s in self._sessions.items() if i not in self._resting]
+            for session in [*self._resting.values(), *others]:
                 self._note(session)
                 if self._status(session) == "running":
                     self._spawn(session)
         self.counters["sessions_recovered"] = sum(s.running for s in self._sessions.values())
+
+    async def _rebuild_all(self) -> tuple[set[str], dict[str, LogError]]:
+        """Hold every session the log holds, rebuilt in one pass over it, page by page: a
+        session's events in each page folded on from the state the pages before left it
+        in. Those at rest beyond `max_resting` are let go as the pass goes (dropped, least
+        recently logged first), so that recovery holds no more of them than the host does
+        later. Returns the sessions to read again (let go before a later event of theirs),
+        and those whose events do not replay (a gap in their seqs, say), with why.
+        LogError if a page cannot be read."""
+        unread: set[str] = set()
+        broken: dict[str, LogError] = {}
+        async for runs in runs_by_page(self.log):
+            for session_id, events in runs.items():
+                if session_id in unread or session_id in broken:
+                    continue
+                if self._dropped.pop(session_id, None) is not None:
+                    unread.add(session_id)
+                    continue
+                held = self._sessions.get(session_id)
+                found = rebuilt_on(None if held is None else held.state, events)
+                if isinstance(found, LogError):
+                    broken[session_id] = found
+                    self._sessions.pop(session_id, None)
+                    self._resting.pop(session_id, None)
+                    continue
+                if held is None:
+                    session = self._sessions[session_id] = _session_of(*found)
+                else:
+                    # Nothing else has touched the record: it takes the log's word as a new
+                    # one would, without the cost of making one.
+                    session = held
+                    state, last = found
+                    session.state = state
+                    session.logged = _logged(last)
+                    session.errored, session.error = session.logged
+                if self._status(session) == "running":
+                    self._resting.pop(session_id, None)
+                else:
+                    self._unused(session)
+        return unread, broken
 
     async def _read(self, session_id: str) -> _Session:
         events = await self.log.read(session_id)
@@ -730,6 +796,10 @@ class Host:
         if not isinstance(session_id, str) or not session_id:
             raise UnknownSession(f"no session {session_id!r}")
         session = self._sessions.get(session_id)
+        starting = self._starting.get(session_id)
+        if session is None and starting is not None:
+            await starting.wait()
+            session = self._sessions.get(session_id)
         if session is None:
             try:
                 session = await self._read_back(session_id)
@@ -764,6 +834,10 @@ class Host:
                 # Read back by another call meanwhile, and maybe passed over for dropping
                 # because of this read.
                 self._unused(held)
+        starting = self._starting.get(session_id)
+        if starting is not None:
+            # Started meanwhile, and its events read before `start` made its record.
+            await starting.wait()
         session = self._sessions.get(session_id)
         if session is None:
             session = self._sessions[session_id] = read
@@ -830,9 +904,10 @@ class Host:
                     if len(session.crashes) > self.max_restarts:
                         await self._give_up(session)
                         return
-                    delay = min(
-                        self.max_backoff, self.restart_backoff * 2 ** (len(session.crashes) - 1)
-                    )
+                    # Doublings capped: past 2**60 the float product overflows (max_restarts
+                    # may allow thousands of crashes), and any backoff is capped long before.
+                    doublings = min(len(session.crashes) - 1, 60)
+                    delay = min(self.max_backoff, self.restart_backoff * 2**doublings)
                     # `stop` ends a session waiting here at once: it is at a turn boundary.
                     session.backing_off = True
                     try:
@@ -1163,7 +1238,10 @@ class Host:
                 task_of.appending = False
                 if task_of.ending:
                     self._end_task(task_of)
-        self.append_seconds.append(time.perf_counter() - started)
+        taken = time.perf_counter() - started
+        self.appends += 1
+        self.append_seconds_total += taken
+        self.append_seconds.append(taken)
         if len(self.append_seconds) > 10_000:
             del self.append_seconds[:5_000]
 

@@ -1,6 +1,8 @@
-"""Every session of a log rebuilt in one pass over it: a Host's recovery."""
+"""Sessions rebuilt from one pass over a log, page by page: a Host's recovery."""
 
 from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
 
 from turnkeeper.events import Envelope, EventLog, LogError, SessionState, fold, replay
 
@@ -13,17 +15,16 @@ Rebuilt = tuple[SessionState, Envelope] | LogError
 """A session as its events left it, with its last event; or why they do not replay."""
 
 
-async def rebuild_all(log: EventLog, *, page: int = _PAGE) -> dict[str, Rebuilt]:
-    """Every session in `log`, rebuilt from its events read in order of position, `page`
-    events at a time: a session's events in each page are folded on from the state the
-    pages before left it in. A session whose events do not replay (a gap in its seqs,
-    say) gets its error, and its later events are skipped. LogError if a page cannot be
-    read (a damaged row).
+async def runs_by_page(
+    log: EventLog, *, page: int = _PAGE
+) -> AsyncIterator[dict[str, list[Envelope]]]:
+    """Every event in `log`, in order of position, `page` at a time: each page as the run
+    of events it holds of each session, in order of each session's last event in it.
+    LogError if a page cannot be read (a damaged row).
 
     One pass over the log, where a read per session costs a worker-thread round trip
     and a query each.
     """
-    rebuilt: dict[str, Rebuilt] = {}
     after = 0
     while True:
         found = await log.read_all(after=after, limit=page)
@@ -34,16 +35,19 @@ async def rebuild_all(log: EventLog, *, page: int = _PAGE) -> dict[str, Rebuilt]
                 runs[envelope.session_id] = [envelope]
             else:
                 run.append(envelope)
-        for session_id, events in runs.items():
-            before = rebuilt.get(session_id)
-            if isinstance(before, LogError):
-                continue
-            try:
-                state = replay(events) if before is None else fold(before[0], events)
-            except LogError as exc:
-                rebuilt[session_id] = exc
-            else:
-                rebuilt[session_id] = (state, events[-1])
+        # Ordered by last event: the order in which the sessions were last used.
+        last_first = dict.fromkeys(envelope.session_id for _, envelope in reversed(found))
+        yield {session_id: runs[session_id] for session_id in reversed(last_first)}
         if len(found) < page:
-            return rebuilt
+            return
         after = found[-1][0]
+
+
+def rebuilt_on(state: SessionState | None, events: Sequence[Envelope]) -> Rebuilt:
+    """The session `events` (the next run of its events) leave it in, folded on from
+    `state` (None: the run is the start of the session); or why they do not replay (a
+    gap in its seqs, say)."""
+    try:
+        return (replay(events) if state is None else fold(state, events)), events[-1]
+    except LogError as exc:
+        return exc

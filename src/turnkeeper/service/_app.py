@@ -251,7 +251,9 @@ class _Api:
     async def metrics(self, request: Request) -> Response:
         # Counted without reading back the sessions the host dropped from memory.
         statuses = await self.host.statuses()
-        text = render_metrics(statuses, self.host.counters, self.host.append_seconds)
+        host = self.host
+        appended = (host.appends, host.append_seconds_total)
+        text = render_metrics(statuses, host.counters, host.append_seconds, appended)
         return Response(text, media_type=CONTENT_TYPE)
 
     async def openapi(self, request: Request) -> Response:

@@ -25,11 +25,14 @@ QUANTILES = (0.5, 0.9, 0.99)
 
 
 def render_metrics(
-    statuses: Mapping[str, int], counters: Mapping[str, int], append_seconds: Sequence[float]
+    statuses: Mapping[str, int],
+    counters: Mapping[str, int],
+    append_seconds: Sequence[float],
+    appended: tuple[int, float],
 ) -> str:
     """The exposition: sessions by status, each counter as `turnkeeper_<name>_total`, and
-    a summary of log append latency over `append_seconds` (the host's recent appends): its
-    quantiles, `_sum` and `_count`."""
+    a summary of log append latency: its quantiles over `append_seconds` (the host's
+    recent appends), and its `_count` and `_sum` over every append, `appended`."""
     lines = [
         "# HELP turnkeeper_sessions Sessions by status.",
         "# TYPE turnkeeper_sessions gauge",
@@ -45,8 +48,8 @@ def render_metrics(
             f"{metric} {counters.get(name, 0)}",
         ]
     lines += [
-        "# HELP turnkeeper_log_append_seconds Event log append latency over the host's recent "
-        "appends (the quantiles, sum and count alike).",
+        "# HELP turnkeeper_log_append_seconds Event log append latency (quantiles over the "
+        "host's recent appends).",
         "# TYPE turnkeeper_log_append_seconds summary",
     ]
     ordered = sorted(append_seconds)
@@ -54,9 +57,10 @@ def render_metrics(
         f'turnkeeper_log_append_seconds{{quantile="{q}"}} {_number(quantile(ordered, q))}'
         for q in QUANTILES
     )
+    count, total = appended
     lines += [
-        f"turnkeeper_log_append_seconds_sum {_number(math.fsum(ordered))}",
-        f"turnkeeper_log_append_seconds_count {len(ordered)}",
+        f"turnkeeper_log_append_seconds_sum {_number(total)}",
+        f"turnkeeper_log_append_seconds_count {count}",
     ]
     return "\n".join(lines) + "\n"
 

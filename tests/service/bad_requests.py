@@ -172,6 +172,14 @@ CASES = [
         body={"history": [{"role": "wizard", "content": "hi"}]},
     ),
     BadRequest(
+        "history content not text or parts",
+        "POST",
+        "/v1/sessions",
+        422,
+        "history[0].content",
+        body={"history": [{"role": "user", "content": {"text": "hi"}}]},
+    ),
+    BadRequest(
         "a prompt after a history whose tool call has no result",
         "POST",
         "/v1/sessions",

@@ -82,13 +82,25 @@ def test_an_empty_transcript_means_a_fresh_open() -> None:
             },
             r"history[0].tool_calls[1].id: 'a' is the id of an earlier call",
         ),
-        ({"history": [{"role": "user", "content": object()}]}, "cannot be logged as JSON"),
+        ({"history": [{"role": "user", "content": {"a": 1}}]}, "history[0].content"),
+        ({"history": [{"role": "user", "content": 5}]}, "history[0].content"),
+        ({"history": [{"role": "user", "content": [1, 2]}]}, "history[0].content"),
+        (
+            {"history": [{"role": "user", "content": "x", "meta": object()}]},
+            "cannot be logged as JSON",
+        ),
         ({"guards": GuardConfig(terminal=TerminalTool(required=True))}, "terminal"),
     ],
 )
 def test_bad_arguments_are_named(kwargs: dict[str, Any], field: str) -> None:
     with pytest.raises(InputError, match=field.replace("[", r"\[").replace("]", r"\]")):
         open_session(SPEC, **kwargs)
+
+
+def test_content_may_be_text_parts_or_none() -> None:
+    parts = [{"type": "text", "text": "hi"}]
+    history: list[dict[str, Any]] = [{"role": "user", "content": parts}, {"role": "assistant"}]
+    assert open_session(SPEC, history=history).history == tuple(history)
 
 
 def test_spec_must_be_an_agent_spec() -> None:

@@ -61,9 +61,12 @@ def _as_logged(opened: SessionOpened) -> SessionOpened:
     """`opened` as the log reads it back: a value JSON does not hold as it is (a tuple, a
     NaN, a set) is kept in its JSON form, so that the live state is the replayed one."""
     try:
-        return _opened.decode(_encoder.encode(opened))
+        logged = _opened.decode(_encoder.encode(opened))
     except (TypeError, ValueError, OverflowError, RecursionError, msgspec.MsgspecError) as exc:
         raise InputError(f"the spec or history cannot be logged as JSON: {exc}") from None
+    # The given one if it reads back as itself: sessions started from one spec then share
+    # it (and its guards), where each copy costs a few KB.
+    return opened if logged == opened else logged
 
 
 def _transcript(history: Sequence[dict[str, Any]] | None) -> tuple[dict[str, Any], ...]:
@@ -78,6 +81,17 @@ def _transcript(history: Sequence[dict[str, Any]] | None) -> tuple[dict[str, Any
         role = message.get("role")
         if role not in ("system", "user", "assistant", "tool"):
             raise InputError(f"history[{index}].role: {role!r} is not a chat role")
+        content = message.get("content")
+        # As in a model's reply: text, a list of content parts (objects), or none.
+        if not (
+            content is None
+            or isinstance(content, str)
+            or (isinstance(content, list) and all(isinstance(part, dict) for part in content))
+        ):
+            raise InputError(
+                f"history[{index}].content: expected a string, a list of content part "
+                f"objects or null, got {content!r:.80}"
+            )
         called |= _check_tool_calls(index, message.get("tool_calls"))
         # As chat servers require: a tool message answers a call made before it.
         if role == "tool" and message.get("tool_call_id") not in called:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from turnkeeper.events import ChatError, LogError
+from turnkeeper.events import ChatError, InputError, LogError, TurnkeeperError
 
 
 def test_a_chat_errors_lone_surrogates_become_question_marks() -> None:
@@ -30,7 +30,8 @@ def test_a_chat_error_message_that_is_not_text_is_made_text() -> None:
     assert ChatError(404, transient=False).message == "404"  # type: ignore[arg-type]
 
 
-def test_a_log_errors_text_escapes_lone_surrogates() -> None:
-    text = str(LogError("session a\udcff is damaged"))
-    assert text == "session a\\udcff is damaged"
+@pytest.mark.parametrize("kind", [LogError, InputError, TurnkeeperError])
+def test_an_errors_text_escapes_lone_surrogates(kind: type[TurnkeeperError]) -> None:
+    text = str(kind("session a\udcff, café"))
+    assert text == "session a\\udcff, café"
     text.encode("utf-8")

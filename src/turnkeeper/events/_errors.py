@@ -10,7 +10,14 @@ if TYPE_CHECKING:
 
 
 class TurnkeeperError(Exception):
-    """Base class of every error turnkeeper raises on purpose."""
+    """Base class of every error turnkeeper raises on purpose. Its text escapes lone
+    surrogates (`\\udcff`), so it can always be printed or logged."""
+
+    def __str__(self) -> str:
+        # Session ids, paths and inputs named in a message may hold lone surrogates (a
+        # name decoded with surrogateescape, say), which no UTF-8 stream can carry.
+        text = super().__str__()
+        return text if text.isascii() else text.encode("utf-8", "backslashreplace").decode()
 
 
 class InputError(TurnkeeperError, ValueError):
@@ -57,14 +64,7 @@ class ChatError(TurnkeeperError):
 
 
 class LogError(TurnkeeperError):
-    """An event log cannot be read or written as asked. Its text escapes lone surrogates
-    (`\\udcff`), so it can always be printed or logged."""
-
-    def __str__(self) -> str:
-        # Session ids and paths in a message may hold lone surrogates (a name decoded with
-        # surrogateescape, say), which no UTF-8 stream can carry.
-        text = super().__str__()
-        return text if text.isascii() else text.encode("utf-8", "backslashreplace").decode()
+    """An event log cannot be read or written as asked."""
 
 
 class UnloggableEvent(LogError, InputError):

@@ -206,30 +206,21 @@ def test_run_exits_1_when_its_timeout_stops_it(tmp_path: Path) -> None:
 
 
 def test_ctrl_c_stops_a_run_with_exit_130_and_keeps_its_log(tmp_path: Path) -> None:
-    with chat_server(reply(ADD), Stall()) as server:
-        process = subprocess.Popen(
-            [*COMMAND, "run", "What is 2+3?", "--base-url", server.base_url, "--log", "c.jsonl"],
-            cwd=tmp_path,
-            env=clean_env(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        assert process.stderr is not None
-        # The second model call hangs; interrupt it.
-        seen = [process.stderr.readline() for _ in range(7)]
-        assert seen[-1] == "model: thinking…\n"
-        process.send_signal(signal.SIGINT)
-        out, err = process.communicate(timeout=LIMIT)
-    assert process.returncode == 130
+    # The second model call hangs; interrupt it.
+    out, err = interrupted(tmp_path, "c.jsonl", [reply(ADD), Stall()], lines=7)
     assert (out, err) == ("", "turnkeeper: interrupted\n")
     logged = [envelope.type for envelope in read_jsonl(tmp_path / "c.jsonl").events]
     # The poll the interrupted call was for is logged before the call.
     assert logged[-3:] == ["local.tool_call", "local.tool_result", "local.tool_results"]
 
 
-def interrupted_in_the_first_call(tmp_path: Path, log: str) -> None:
-    with chat_server(Stall()) as server:
+def interrupted(
+    tmp_path: Path, log: str, replies: list[Behaviour], *, lines: int
+) -> tuple[str, str]:
+    """Run "What is 2+3?" logging to `log` against a model that gives `replies`, send
+    SIGINT once `lines` lines of stderr are out (the last "model: thinking…"), and return
+    what the run printed after, once it has exited 130."""
+    with chat_server(*replies) as server:
         process = subprocess.Popen(
             [*COMMAND, "run", "What is 2+3?", "--base-url", server.base_url, "--log", log],
             cwd=tmp_path,
@@ -239,11 +230,12 @@ def interrupted_in_the_first_call(tmp_path: Path, log: str) -> None:
             text=True,
         )
         assert process.stderr is not None
-        seen = [process.stderr.readline() for _ in range(3)]
+        seen = [process.stderr.readline() for _ in range(lines)]
         assert seen[-1] == "model: thinking…\n"
         process.send_signal(signal.SIGINT)
-        process.communicate(timeout=LIMIT)
+        out, err = process.communicate(timeout=LIMIT)
     assert process.returncode == 130
+    return out, err
 
 
 @pytest.mark.parametrize("stop", ["timeout", "model failure", "ctrl-c"])
@@ -252,7 +244,7 @@ def test_a_run_stopped_in_its_first_model_call_logs_a_session_that_replays(
 ) -> None:
     log = "first.jsonl"
     if stop == "ctrl-c":
-        interrupted_in_the_first_call(tmp_path, log)
+        interrupted(tmp_path, log, [Stall()], lines=3)
     else:
         failing = Reply(status=400, body={"error": {"message": "no such model"}})
         with chat_server(Stall() if stop == "timeout" else failing) as server:

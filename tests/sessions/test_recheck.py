@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.sessions.test_properties import SPEC as TOOLS_SPEC
 from turnkeeper.events import (
     AgentSpec,
     AnyEvent,
@@ -443,17 +444,6 @@ async def test_unchanged_guards_agree_with_every_log_a_host_or_a_run_writes(
 
 # Generated logs: what a Host or a run writes, cut short anywhere.
 
-OBJECT = {"type": "object", "properties": {"q": {"type": "integer"}}}
-TOOLS_SPEC = AgentSpec(
-    system_prompt="Be brief.",
-    tools=(
-        ToolSpec("search", "", OBJECT),
-        ToolSpec("lookup", "", OBJECT),
-        ToolSpec("status", "", OBJECT, repeatable=True),
-        ToolSpec("finish", "", OBJECT),
-    ),
-    terminal_tool="finish",
-)
 NAMES = ["search", "lookup", "status", "finish", "unknown"]
 
 calls = st.tuples(

@@ -187,6 +187,9 @@ async def test_a_session_id_that_is_not_a_string_is_an_unknown_session(bad: Any)
         ("stop_grace", math.nan),
         ("stop_grace", math.inf),
         ("stop_grace", -1),
+        # Past the float range: refused, not an OverflowError.
+        ("stop_grace", 10**400),
+        ("restart_window", 10**400),
         ("tool_timeout", 0),
         ("tool_timeout", math.nan),
         ("tool_timeout", -1.0),
@@ -237,6 +240,9 @@ async def test_waits_and_the_stop_grace_are_finite_seconds_checked_before_anythi
             ),
             "wait: expected None or a finite number of seconds >= 0, got inf": lambda: host.result(
                 session_id, wait=math.inf
+            ),
+            "wait: expected a finite number of seconds >= 0, got 1000": lambda: host.events(
+                session_id, wait=10**400
             ),
             "after: expected an integer .*, got True": lambda: host.events(session_id, after=True),
             "after: expected an integer .*, got 1.0": lambda: host.events(

@@ -10,7 +10,7 @@ with side effects dedupe).
 from __future__ import annotations
 
 import logging
-import math
+import sys
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
@@ -32,11 +32,13 @@ from turnkeeper.events import (
     Failed,
     GuardConfig,
     InputError,
+    LogCorrupt,
     LogError,
     McpFailed,
     MessageQueued,
     ReplayError,
     SeqConflict,
+    SeqError,
     SessionState,
     ToolCalled,
     ToolResult,
@@ -803,7 +805,8 @@ class Host:
         if session is None:
             try:
                 session = await self._read_back(session_id)
-            except ReplayError as exc:
+            except (ReplayError, SeqError, LogCorrupt) as exc:
+                # Its events are damaged, not the log unreadable: this session alone fails.
                 raise UnknownSession(f"session {session_id} cannot be rebuilt: {exc}") from None
         else:
             session.users += 1
@@ -1453,11 +1456,12 @@ def _check_seconds(
 ) -> None:
     """Raise InputError unless `value` is a finite number of seconds (not a bool), >= 0
     or, if `positive`, > 0; `optional`: the message says None is allowed too."""
+    # An int past the float range compares exactly (math.isfinite would overflow on it),
+    # and no wait or timer can use it.
     if (
         isinstance(value, bool)
         or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or value < 0
+        or not 0 <= value <= sys.float_info.max
         or (positive and value == 0)
     ):
         allowed = "a finite number of seconds " + ("> 0" if positive else ">= 0")

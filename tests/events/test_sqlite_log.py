@@ -6,6 +6,7 @@ import contextlib
 import gc
 import itertools
 import json
+import os
 import re
 import sqlite3
 import sys
@@ -556,6 +557,39 @@ async def test_a_log_in_another_process_only_reads_while_this_one_writes(tmp_pat
     assert appended == "True [1, 2] appended\n"
     async with SqliteLog(path, read_only=True) as reader:
         assert await reader.read("s1") == run("s1", 1, 3)
+
+
+@pytest.mark.anyio
+async def test_a_log_opened_through_a_symlink_is_the_same_log(tmp_path: Path) -> None:
+    path = tmp_path / "log.db"
+    (tmp_path / "link.db").symlink_to(path)
+    async with SqliteLog(path) as writer, SqliteLog(tmp_path / "link.db") as second:
+        assert (writer.writable, second.writable) == (True, False)
+    async with SqliteLog(tmp_path / "link.db") as writer, SqliteLog(path) as second:
+        assert (writer.writable, second.writable) == (True, False)
+
+
+@pytest.mark.anyio
+async def test_a_closed_log_releases_its_lock_even_if_a_forked_child_shares_it(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "log.db"
+    async with SqliteLog(path) as writer:
+        await writer.append(run("s1", 1, 1), expected_seq=0)
+        read, write = os.pipe()
+        child = os.fork()
+        if child == 0:
+            # The child holds the lock's descriptor until the parent says it is done.
+            os.close(write)
+            os.read(read, 1)
+            os._exit(0)
+        os.close(read)
+    try:
+        async with SqliteLog(path) as log:
+            assert log.writable
+    finally:
+        os.close(write)
+        await anyio.to_thread.run_sync(os.waitpid, child, 0)
 
 
 @pytest.mark.anyio

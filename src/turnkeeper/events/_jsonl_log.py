@@ -160,6 +160,9 @@ class JsonlLog(EventLog):
     def _unlock(self) -> None:
         """Release the directory's writer lock if this log holds it."""
         if self._lock_fd is not None:
+            # Released, not only closed: a child forked meanwhile shares the descriptor,
+            # and would hold the lock until it exits.
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
             os.close(self._lock_fd)
             self._lock_fd = None
 

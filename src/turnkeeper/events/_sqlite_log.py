@@ -210,6 +210,9 @@ class SqliteLog(EventLog):
     def _unlock(self) -> None:
         """Release the writer lock if this log holds it."""
         if self._lock_fd is not None:
+            # Released, not only closed: a child forked meanwhile shares the descriptor,
+            # and would hold the lock until it exits.
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
             os.close(self._lock_fd)
             self._lock_fd = None
 
@@ -362,7 +365,9 @@ def _lock(path: Path) -> tuple[int | None, str]:
     process holds on it, SQLite's own included, and on NFS flock is emulated with fcntl
     locks, which would collide with SQLite's.
     """
-    lock_path = path.with_name(path.name + _LOCK_SUFFIX)
+    # Named from the file the path leads to: a symlink to the database is the same log.
+    real = path.resolve()
+    lock_path = real.with_name(real.name + _LOCK_SUFFIX)
     try:
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     except OSError as exc:

@@ -153,6 +153,14 @@ CASES = [
         body={"session_id": "x" * 201},
     ),
     BadRequest(
+        "session id ending in a newline",
+        "POST",
+        "/v1/sessions",
+        422,
+        "session_id",
+        body={"session_id": "abc\n"},
+    ),
+    BadRequest(
         "session id taken", "POST", "/v1/sessions", 409, "session_id", body={"session_id": "{idle}"}
     ),
     BadRequest(

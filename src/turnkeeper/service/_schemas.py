@@ -12,7 +12,8 @@ from turnkeeper.sessions import SessionInfo
 SessionId = Annotated[
     str,
     msgspec.Meta(
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,199}$",
+        # `(?!\n)`: Python's `$` (unlike JSON Schema's) also matches before a last newline.
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,199}$(?!\n)",
         description="At most 200 letters, digits, '.', '_' or '-', starting with a letter "
         "or digit.",
     ),

@@ -18,6 +18,7 @@ from turnkeeper.events import (
     TurnkeeperError,
     Usage,
 )
+from turnkeeper.events._types import check_spec, check_tool
 
 
 @pytest.mark.parametrize("name", ["search", "a", "a" * 64, "web.search", "get-page_2", "A.B-c_9"])
@@ -77,24 +78,28 @@ UNUSABLE_SCHEMAS: list[tuple[dict[str, Any], str]] = [
 def test_a_schema_arguments_cannot_be_checked_against_is_refused_naming_the_tool(
     schema: dict[str, Any], problem: str
 ) -> None:
+    spec = AgentSpec(tools=(ToolSpec("ok"), ToolSpec("lookup", input_schema=schema)))
     with pytest.raises(InputError) as caught:
-        ToolSpec("lookup", input_schema=schema)
+        check_spec(spec)
     message = str(caught.value)
-    assert message.startswith("ToolSpec.input_schema: the schema of tool 'lookup' cannot be used: ")
+    assert message.startswith(
+        "spec.tools[1].input_schema: the schema of tool 'lookup' cannot be used: "
+    )
     assert problem in message
+    with pytest.raises(InputError, match=r"^ToolSpec\.input_schema: the schema of tool 'lookup'"):
+        check_tool(spec.tools[1], "ToolSpec")
 
 
 @pytest.mark.parametrize(
     ("schema", "problem"), [case for case in UNUSABLE_SCHEMAS if "not JSON" not in case[1]]
 )
-def test_an_unusable_schema_is_refused_when_a_spec_is_decoded(
-    schema: dict[str, Any], problem: str
-) -> None:
+def test_an_unusable_schema_decodes_as_logged(schema: dict[str, Any], problem: str) -> None:
     raw = {"tools": [{"name": "ok"}, {"name": "lookup", "input_schema": schema}]}
-    with pytest.raises(msgspec.ValidationError) as caught:
-        msgspec.json.decode(msgspec.json.encode(raw), type=AgentSpec)
+    spec = msgspec.json.decode(msgspec.json.encode(raw), type=AgentSpec)
+    assert spec.tools[1].input_schema == schema
+    with pytest.raises(InputError, match=r"^spec\.tools\[1\]\.input_schema: ") as caught:
+        check_spec(spec)
     assert problem in str(caught.value)
-    assert str(caught.value).endswith(" - at `$.tools[1]`")
 
 
 @pytest.mark.parametrize(
@@ -130,7 +135,9 @@ def test_an_unusable_schema_is_refused_when_a_spec_is_decoded(
     ],
 )
 def test_recursive_and_self_contained_schemas_are_accepted(schema: dict[str, Any]) -> None:
-    assert ToolSpec("lookup", input_schema=schema).input_schema == schema
+    tool = ToolSpec("lookup", input_schema=schema)
+    check_spec(AgentSpec(tools=(tool,)))
+    assert tool.input_schema == schema
 
 
 def test_tool_spec_defaults_and_openai_shape() -> None:
@@ -227,24 +234,37 @@ SAMPLING_REFUSED: list[tuple[str, Any]] = [
     ("seed", -(2**63) - 1),
     ("seed", 1.5),
     ("seed", True),
-    ("stop", "END"),
-    ("stop", (1,)),
-    ("stop", 5),
+]
+# Out of range, but of the type a log holds: what a log written before the ranges may hold.
+SAMPLING_LOGGED: list[tuple[str, Any]] = [
+    ("temperature", -5),
+    ("temperature", 2.01),
+    ("top_p", 0),
+    ("top_p", 1.5),
+    ("max_tokens", 0),
+    ("max_tokens", -1),
+    ("seed", 2**63),
 ]
 
 
 @pytest.mark.parametrize(("field", "value"), SAMPLING_REFUSED)
 def test_a_sampling_param_out_of_range_is_refused_naming_it(field: str, value: Any) -> None:
-    with pytest.raises(InputError, match=rf"^AgentSpec\.{field}: expected "):
-        AgentSpec(**{field: value})
+    with pytest.raises(InputError, match=rf"^spec\.{field}: expected "):
+        check_spec(AgentSpec(**{field: value}))
 
 
-@pytest.mark.parametrize(("field", "value"), SAMPLING_REFUSED)
-def test_a_sampling_param_out_of_range_is_refused_when_decoded(field: str, value: Any) -> None:
-    # A value of the wrong type, or past what the type holds, is msgspec's to refuse.
-    refused = rf"^(AgentSpec\.{field}: expected |Expected |Number out of range)"
-    with pytest.raises(msgspec.ValidationError, match=refused):
-        msgspec.convert({field: value}, AgentSpec)
+@pytest.mark.parametrize(("field", "value"), SAMPLING_LOGGED)
+def test_a_sampling_param_out_of_range_decodes_as_logged(field: str, value: Any) -> None:
+    spec = msgspec.json.decode(msgspec.json.encode({field: value}), type=AgentSpec)
+    assert getattr(spec, field) == value
+    with pytest.raises(InputError, match=rf"^spec\.{field}: expected "):
+        check_spec(spec)
+
+
+@pytest.mark.parametrize("stop", ["END", (1,), 5])
+def test_a_stop_that_is_not_a_list_of_strings_is_refused(stop: Any) -> None:
+    with pytest.raises(InputError, match=r"^AgentSpec\.stop: expected a list of strings"):
+        AgentSpec(stop=stop)
 
 
 @pytest.mark.parametrize(
@@ -257,6 +277,7 @@ def test_a_sampling_param_out_of_range_is_refused_when_decoded(field: str, value
 )
 def test_sampling_params_at_the_ends_of_their_ranges_are_accepted(sampling: dict[str, Any]) -> None:
     spec = AgentSpec(**sampling)
+    check_spec(spec)
     assert spec.sampling() == {
         key: list(value) if key == "stop" else value for key, value in sampling.items()
     }

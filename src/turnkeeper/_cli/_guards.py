@@ -13,6 +13,7 @@ from typing import Any
 import msgspec
 
 from turnkeeper.events import GuardConfig, InputError
+from turnkeeper.events._policy import check_guards
 
 
 def _unknown_field(
@@ -54,7 +55,7 @@ class GuardChanges(msgspec.Struct, frozen=True):
 
 def parse_guards(config: str) -> GuardChanges:
     """The changes in `config`: JSON text if it starts with `{`, else a JSON file's path.
-    Raises InputError naming the field that is unknown or of the wrong type."""
+    Raises InputError naming the field that is unknown, of the wrong type or out of range."""
     if config.lstrip().startswith("{"):
         try:
             data = config.encode()
@@ -80,5 +81,9 @@ def parse_guards(config: str) -> GuardChanges:
     try:
         given = msgspec.convert(raw, GuardConfig)
     except msgspec.ValidationError as exc:
+        raise InputError(f"--guards: {exc}") from None
+    try:
+        check_guards(given)
+    except InputError as exc:
         raise InputError(f"--guards: {exc}") from None
     return GuardChanges(given, frozenset(raw))

@@ -1,6 +1,8 @@
 """Guard configuration: plain data, logged with each session so replay knows its policy.
 
 The guard functions live in `turnkeeper.guards`; a field set to None turns that guard off.
+`check_guards` bounds the settings of a new session's configuration; decoding does not,
+so a log written before a bound was set still reads.
 """
 
 from __future__ import annotations
@@ -56,18 +58,12 @@ class ConsecutiveErrors(msgspec.Struct, frozen=True):
 
     threshold: int = 2
 
-    def __post_init__(self) -> None:
-        _check_count("ConsecutiveErrors.threshold", self.threshold, 1)
-
 
 class LoopDetection(msgspec.Struct, frozen=True):
     """Flag a repeat (same call and answer, or the same reply text) `warnings` times (0 or
     more), then halt."""
 
     warnings: int = 1
-
-    def __post_init__(self) -> None:
-        _check_count("LoopDetection.warnings", self.warnings, 0)
 
 
 class TerminalTool(msgspec.Struct, frozen=True):
@@ -77,25 +73,12 @@ class TerminalTool(msgspec.Struct, frozen=True):
     required: bool = False
     max_reprompts: int = 2
 
-    def __post_init__(self) -> None:
-        if not isinstance(self.required, bool):
-            raise InputError(
-                f"TerminalTool.required: expected true or false, got {self.required!r:.80}"
-            )
-        _check_count("TerminalTool.max_reprompts", self.max_reprompts, 0)
-
 
 class Budget(msgspec.Struct, frozen=True):
     """Per-episode limits on tokens (1 or more) and wall-clock seconds (finite, more than 0)."""
 
     max_tokens: int | None = None
     max_seconds: float | None = None
-
-    def __post_init__(self) -> None:
-        if self.max_tokens is not None:
-            _check_count("Budget.max_tokens", self.max_tokens, 1)
-        if self.max_seconds is not None:
-            _check_seconds("Budget.max_seconds", self.max_seconds)
 
 
 class SmallModel(msgspec.Struct, frozen=True):
@@ -112,10 +95,6 @@ class SmallModel(msgspec.Struct, frozen=True):
     window_turns: int = 12
     max_result_chars: int = 1500
 
-    def __post_init__(self) -> None:
-        _check_count("SmallModel.window_turns", self.window_turns, 1)
-        _check_count("SmallModel.max_result_chars", self.max_result_chars, 1)
-
 
 class GuardConfig(msgspec.Struct, frozen=True):
     """Which guards run for a session, and how. The defaults reproduce both reference loops."""
@@ -130,15 +109,6 @@ class GuardConfig(msgspec.Struct, frozen=True):
     budget: Budget | None = None
     small_model: SmallModel | None = None
 
-    def __post_init__(self) -> None:
-        for name, kind in _GUARD_KINDS.items():
-            value = getattr(self, name)
-            if value is not None and not isinstance(value, kind):
-                raise InputError(
-                    f"GuardConfig.{name}: expected a {kind.__name__} or None, "
-                    f"got {type(value).__name__}"
-                )
-
 
 _GUARD_KINDS: dict[str, type] = {
     "max_turns": MaxTurns,
@@ -151,3 +121,41 @@ _GUARD_KINDS: dict[str, type] = {
     "budget": Budget,
     "small_model": SmallModel,
 }
+
+
+def check_guards(config: GuardConfig, *, since: GuardConfig | None = None) -> None:
+    """Raise InputError, naming the field as `guards.<guard>.<setting>`, unless each guard
+    of `config` is None or of its own kind with every setting in range. With `since` (the
+    configuration a log holds), a guard set as there is not checked: what was logged
+    stands."""
+    if not isinstance(config, GuardConfig):
+        raise InputError(f"guards: expected a GuardConfig, got {type(config).__name__}")
+    for name, kind in _GUARD_KINDS.items():
+        value = getattr(config, name)
+        if since is not None and value == getattr(since, name):
+            continue
+        if value is None:
+            continue
+        if not isinstance(value, kind):
+            raise InputError(
+                f"guards.{name}: expected a {kind.__name__} or None, got {type(value).__name__}"
+            )
+        field = f"guards.{name}"
+        if isinstance(value, ConsecutiveErrors):
+            _check_count(f"{field}.threshold", value.threshold, 1)
+        elif isinstance(value, LoopDetection):
+            _check_count(f"{field}.warnings", value.warnings, 0)
+        elif isinstance(value, TerminalTool):
+            if not isinstance(value.required, bool):
+                raise InputError(
+                    f"{field}.required: expected true or false, got {value.required!r:.80}"
+                )
+            _check_count(f"{field}.max_reprompts", value.max_reprompts, 0)
+        elif isinstance(value, Budget):
+            if value.max_tokens is not None:
+                _check_count(f"{field}.max_tokens", value.max_tokens, 1)
+            if value.max_seconds is not None:
+                _check_seconds(f"{field}.max_seconds", value.max_seconds)
+        elif isinstance(value, SmallModel):
+            _check_count(f"{field}.window_turns", value.window_turns, 1)
+            _check_count(f"{field}.max_result_chars", value.max_result_chars, 1)

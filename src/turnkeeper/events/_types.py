@@ -37,9 +37,9 @@ class Usage(msgspec.Struct, frozen=True, gc=False):
 class ToolSpec(msgspec.Struct, frozen=True):
     """A tool the model may call. `repeatable` tools (a status poll, say) are never deduplicated.
 
-    `input_schema` must be a JSON Schema its arguments can be checked against: one that
-    is invalid, or whose `$ref`s lead nowhere or round in a circle, is refused here rather
-    than when the model first calls the tool.
+    `input_schema` must be a JSON Schema object; `check_tool` also refuses one its
+    arguments cannot be checked against (invalid, or whose `$ref`s lead nowhere or round
+    in a circle), as a session opens rather than when the model first calls the tool.
     """
 
     name: str
@@ -61,11 +61,6 @@ class ToolSpec(msgspec.Struct, frozen=True):
             raise InputError(
                 f"ToolSpec.input_schema: the schema of tool {self.name!r} must be a JSON Schema "
                 "object"
-            )
-        problem = schema_problem(self.input_schema)
-        if problem is not None:
-            raise InputError(
-                f"ToolSpec.input_schema: the schema of tool {self.name!r} cannot be used: {problem}"
             )
 
     def to_openai(self) -> dict[str, Any]:
@@ -137,9 +132,9 @@ class AgentSpec(msgspec.Struct, frozen=True):
     and the MCP servers whose tools it may call (listed when a session opens, then added to
     `tools` with their `mcp_server` set).
 
-    Sampling params are None (the server's default) or in OpenAI's ranges: `temperature`
-    from 0 to 2, `top_p` more than 0 and at most 1, `max_tokens` 1 or more, `seed` a
-    64-bit integer, `stop` a list of strings.
+    Sampling params are None (the server's default) or, as `check_spec` requires of a new
+    session's spec, in OpenAI's ranges: `temperature` from 0 to 2, `top_p` more than 0 and
+    at most 1, `max_tokens` 1 or more, `seed` a 64-bit integer; `stop` is a list of strings.
     """
 
     system_prompt: str = ""
@@ -168,7 +163,13 @@ class AgentSpec(msgspec.Struct, frozen=True):
                     f"AgentSpec.tools: tool {tool.name!r} names MCP server {tool.mcp_server!r}, "
                     "which is not one of the spec's mcp_servers"
                 )
-        self._check_sampling()
+        stop: object = self.stop
+        # A string is refused, not split into one-letter stops. Decoding only ever gives a
+        # list of strings, so no log is refused here.
+        if stop is not None and (
+            not isinstance(stop, list | tuple) or not all(isinstance(item, str) for item in stop)
+        ):
+            raise InputError(f"AgentSpec.stop: expected a list of strings, got {stop!r:.80}")
         if self.stop is not None:
             msgspec.structs.force_setattr(self, "stop", tuple(self.stop))
         names = [tool.name for tool in tools]
@@ -180,38 +181,6 @@ class AgentSpec(msgspec.Struct, frozen=True):
                 f"AgentSpec.terminal_tool: {self.terminal_tool!r} is not one of the tools "
                 f"({', '.join(names) or 'none given'})"
             )
-
-    def _check_sampling(self) -> None:
-        """Raise InputError, naming the field, unless each sampling param is None or in range."""
-        temperature, top_p = self.temperature, self.top_p
-        if temperature is not None and not (_is_number(temperature) and 0 <= temperature <= 2):
-            raise InputError(
-                f"AgentSpec.temperature: expected a number from 0 to 2, got {temperature!r:.80}"
-            )
-        if top_p is not None and not (_is_number(top_p) and 0 < top_p <= 1):
-            raise InputError(
-                f"AgentSpec.top_p: expected a number more than 0 and at most 1, got {top_p!r:.80}"
-            )
-        tokens = self.max_tokens
-        if tokens is not None and (
-            isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1
-        ):
-            raise InputError(f"AgentSpec.max_tokens: expected an integer >= 1, got {tokens!r:.80}")
-        seed = self.seed
-        if seed is not None and (
-            isinstance(seed, bool)
-            or not isinstance(seed, int)
-            or not _INT64[0] <= seed <= _INT64[1]
-        ):
-            raise InputError(
-                f"AgentSpec.seed: expected an integer from -2**63 to 2**63 - 1, got {seed!r:.80}"
-            )
-        stop: object = self.stop
-        # A string is refused, not split into one-letter stops.
-        if stop is not None and (
-            not isinstance(stop, list | tuple) or not all(isinstance(item, str) for item in stop)
-        ):
-            raise InputError(f"AgentSpec.stop: expected a list of strings, got {stop!r:.80}")
 
     def tool(self, name: str) -> ToolSpec | None:
         """The tool called `name`, if the spec has it."""
@@ -234,6 +203,45 @@ class AgentSpec(msgspec.Struct, frozen=True):
         if self.stop is not None:
             params["stop"] = list(self.stop)
         return params
+
+
+def check_tool(tool: ToolSpec, where: str) -> None:
+    """Raise InputError, naming the field as `<where>.input_schema`, if the tool's arguments
+    cannot be checked against its `input_schema`."""
+    problem = schema_problem(tool.input_schema)
+    if problem is not None:
+        raise InputError(
+            f"{where}.input_schema: the schema of tool {tool.name!r} cannot be used: {problem}"
+        )
+
+
+def check_spec(spec: AgentSpec) -> None:
+    """Raise InputError, naming the field as `spec.<field>`, unless each tool's schema can
+    check its arguments and each sampling param is None or in range. Decoding does not
+    check these, so a log written before they were checked still reads."""
+    for index, tool in enumerate(spec.tools):
+        check_tool(tool, f"spec.tools[{index}]")
+    temperature, top_p = spec.temperature, spec.top_p
+    if temperature is not None and not (_is_number(temperature) and 0 <= temperature <= 2):
+        raise InputError(
+            f"spec.temperature: expected a number from 0 to 2, got {temperature!r:.80}"
+        )
+    if top_p is not None and not (_is_number(top_p) and 0 < top_p <= 1):
+        raise InputError(
+            f"spec.top_p: expected a number more than 0 and at most 1, got {top_p!r:.80}"
+        )
+    tokens = spec.max_tokens
+    if tokens is not None and (
+        isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1
+    ):
+        raise InputError(f"spec.max_tokens: expected an integer >= 1, got {tokens!r:.80}")
+    seed = spec.seed
+    if seed is not None and (
+        isinstance(seed, bool) or not isinstance(seed, int) or not _INT64[0] <= seed <= _INT64[1]
+    ):
+        raise InputError(
+            f"spec.seed: expected an integer from -2**63 to 2**63 - 1, got {seed!r:.80}"
+        )
 
 
 def _is_number(value: object) -> bool:

@@ -9,7 +9,9 @@ from typing import Any
 import msgspec
 
 from turnkeeper.events import AgentSpec, GuardConfig, InputError, SessionOpened, SessionState
+from turnkeeper.events._policy import check_guards
 from turnkeeper.events._state import initial_state
+from turnkeeper.events._types import check_spec
 
 _encoder = msgspec.json.Encoder()
 _opened = msgspec.json.Decoder(SessionOpened)
@@ -32,17 +34,18 @@ def open_session(
 
     With a non-empty `history` (a prior transcript, which already holds its system
     message) the session resumes it verbatim; otherwise it starts from the spec's
-    system prompt.
+    system prompt. The spec and guards are checked as new input (`check_spec`,
+    `check_guards`); a session read back from a log is not.
     """
     if not isinstance(spec, AgentSpec):
         raise InputError(f"spec: expected an AgentSpec, got {type(spec).__name__}")
+    check_spec(spec)
     if session_id is not None and (not isinstance(session_id, str) or not session_id.strip()):
         raise InputError(f"session_id: expected a non-empty string, got {session_id!r}")
     if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
         raise InputError(f"max_turns: expected a positive integer, got {max_turns!r}")
     config = GuardConfig() if guards is None else guards
-    if not isinstance(config, GuardConfig):
-        raise InputError(f"guards: expected a GuardConfig, got {type(config).__name__}")
+    check_guards(config)
     if config.terminal is not None and config.terminal.required and spec.terminal_tool is None:
         raise InputError("guards.terminal.required: the spec names no terminal_tool")
     transcript = _transcript(history)

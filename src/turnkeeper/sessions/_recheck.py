@@ -35,6 +35,7 @@ from turnkeeper.events import (
     initial_state,
     replay,
 )
+from turnkeeper.events._policy import check_guards
 from turnkeeper.guards import Guard, default_guards
 from turnkeeper.sessions._inputs import Input, Resume, UserMessage
 from turnkeeper.sessions._poll import begin_poll, end_poll
@@ -67,6 +68,7 @@ def recheck(
     response, are compared with all the guard events the log holds there. A poll whose
     model call has no response in the log (the call failed, the session was cancelled or
     failed, the run stopped, or the log ends) is left there: the guards had no say in it.
+    Raises InputError if `guards` sets a guard otherwise than the log does, out of range.
     """
     if not events or not isinstance(events[0].event, SessionOpened):
         raise ReplayError("recheck needs a session's log from its local.session_opened")
@@ -74,6 +76,7 @@ def recheck(
     assert isinstance(opening.event, SessionOpened)
     state: SessionState = initial_state(opening.session_id, opening.event)
     if guards is not None:
+        check_guards(guards, since=opening.event.guards)
         state = msgspec.structs.replace(state, guards=guards)
     state = msgspec.structs.replace(state, seq=1)
     index, poll = 1, 0

@@ -23,7 +23,7 @@ from anyio.abc import TaskGroup
 
 from turnkeeper.events import AgentSpec, InputError, ToolResult, ToolSpec, ToolUse
 from turnkeeper.events._events import McpFailed
-from turnkeeper.events._types import McpServer
+from turnkeeper.events._types import McpServer, check_tool
 from turnkeeper.tools._handlers import ToolContext, check_call
 
 if TYPE_CHECKING:
@@ -108,14 +108,15 @@ class McpPool:
                 continue
             for listed in outcome.tools:
                 try:
-                    added.append(
-                        ToolSpec(
-                            server.tool_prefix + listed.name,
-                            listed.description,
-                            listed.input_schema,
-                            mcp_server=server.name,
-                        )
+                    tool = ToolSpec(
+                        server.tool_prefix + listed.name,
+                        listed.description,
+                        listed.input_schema,
+                        mcp_server=server.name,
                     )
+                    # Left out here, rather than refusing the session as it opens.
+                    check_tool(tool, "ToolSpec")
+                    added.append(tool)
                 except InputError as exc:
                     failures.append(
                         McpFailed(

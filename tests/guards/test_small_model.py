@@ -175,6 +175,20 @@ def test_window_shows_as_many_turns_as_it_may_for_every_allowed_size(
     assert shown == history[:1] + history[len(history) - 2 * kept :]
 
 
+@pytest.mark.parametrize("window_turns", [0, -1, -5])
+@pytest.mark.parametrize("turns", [1, 3])
+def test_a_logged_window_under_one_turn_shows_the_last_turn(window_turns: int, turns: int) -> None:
+    history: list[dict[str, Any]] = [{"role": "system", "content": "s"}]
+    for turn in range(turns):
+        history += [{"role": "user", "content": f"u{turn}"}, {"role": "assistant", "content": "a"}]
+    # As a log written before check_guards bounded window_turns may hold it.
+    logged = msgspec.json.decode(
+        msgspec.json.encode({"small_model": {"window_turns": window_turns}}), type=GuardConfig
+    )
+    state = msgspec.structs.replace(open_session(SPEC), guards=logged, history=tuple(history))
+    assert window(state.history, state) == [history[0], *history[-2:]]
+
+
 def test_the_smallest_window_cuts_results_to_one_character() -> None:
     config = GuardConfig(small_model=SmallModel(window_turns=1, max_result_chars=1))
     history = [

@@ -149,8 +149,10 @@ def window(history: tuple[Message, ...], state: SessionState) -> list[Message]:
     head = [m for m in history[:1] if m.get("role") == "system"]
     body = history[len(head) :]
     starts = [i for i, message in enumerate(body) if message.get("role") == "user"]
-    if len(starts) > config.window_turns:
-        body = body[starts[-config.window_turns] :]
+    # Only a log written before check_guards bounded it holds a window under one turn.
+    turns = max(config.window_turns, 1)
+    if len(starts) > turns:
+        body = body[starts[-turns] :]
     limit = config.max_result_chars
     shown: list[Message] = list(head)
     for message in body:

@@ -21,6 +21,7 @@ import msgspec
 import pytest
 
 from tests.providers.openai_server import Behaviour, ChatServer, Reply, Stall, serve_chat
+from tests.sessions.test_old_logs import OLD_VALUES, opened_holding
 from turnkeeper.events import (
     AgentSpec,
     Budget,
@@ -28,6 +29,7 @@ from turnkeeper.events import (
     GuardConfig,
     Halted,
     JsonlLog,
+    MessageReceived,
     ModelResponded,
     SessionOpened,
     SqliteLog,
@@ -511,6 +513,45 @@ def test_reading_an_empty_file_leaves_it_empty(tmp_path: Path) -> None:
     assert (tmp_path / "empty.db").read_bytes() == b""
 
 
+@pytest.mark.parametrize("log", ["old.jsonl", "old.sqlite"])
+def test_a_log_holding_values_new_input_may_not_still_lists_and_replays(
+    tmp_path: Path, log: str
+) -> None:
+    events = [
+        envelope
+        for index, (field, value) in enumerate(OLD_VALUES)
+        for envelope in (
+            opened_holding(field, value, f"old{index}"),
+            Envelope(f"old{index}", 2, 2.0, MessageReceived(text="hi")),
+        )
+    ]
+    if log.endswith(".jsonl"):
+        (tmp_path / log).write_bytes(encode_jsonl(events))
+    else:
+
+        async def write() -> None:
+            async with SqliteLog(tmp_path / log) as sqlite:
+                for start in range(0, len(events), 2):
+                    await sqlite.append(events[start : start + 2], expected_seq=0)
+
+        anyio.run(write)
+    listing = cli("sessions", "--log", log, cwd=tmp_path)
+    assert listing.code == 0, listing.err
+    rows = listing.out.splitlines()[1:]
+    assert len(rows) == len(OLD_VALUES)
+    assert all(row.split()[1] == "running" for row in rows), listing.out
+    for index in range(len(OLD_VALUES)):
+        shown = cli("replay", log, "--session", f"old{index}", cwd=tmp_path)
+        assert shown.code == 0, shown.err
+        assert "user: hi" in shown.out.splitlines()
+    # A change to another guard is checked; the logged window stands.
+    window = OLD_VALUES.index(("guards.small_model.window_turns", -1))
+    other = cli(
+        "replay", log, "--session", f"old{window}", "--guards", '{"loop": null}', cwd=tmp_path
+    )
+    assert other.code == 0, other.err
+
+
 def test_a_torn_jsonl_log_is_replayed_with_a_warning_and_not_appended_to(
     tmp_path: Path,
 ) -> None:
@@ -620,6 +661,14 @@ TOOL_SHAPE = "expected a (ToolSpec, async function) pair or a ToolSpec"
         (("run", "hi", "--base-url", "ftp://x"), "OpenAIChat"),
         (("run", "hi", "--guards", '{"loops": null}'), "unknown field `$.loops` (expected one"),
         (("run", "hi", "--guards", '{"loop": {"warnings": "2"}}'), "at `$.loop.warnings`"),
+        (
+            ("run", "hi", "--guards", '{"small_model": {"window_turns": -1}}'),
+            "--guards: guards.small_model.window_turns: expected an integer >= 1, got -1",
+        ),
+        (
+            ("replay", "good.jsonl", "--guards", '{"budget": {"max_seconds": 0}}'),
+            "--guards: guards.budget.max_seconds: expected a finite number of seconds > 0",
+        ),
         (("run", "hi", "--guards", "{nope"), "--guards: not valid JSON"),
         (("run", "hi", "--guards", "nofile.json"), "neither a JSON object nor a file"),
         (("replay",), "the following arguments are required: LOG"),

@@ -480,6 +480,31 @@ async def test_recovery_lets_go_at_rest_sessions_page_by_page(
     assert max(log.held) <= 5
 
 
+@pytest.mark.parametrize(("page", "max_resting"), [(20_000, None), (20_000, 2), (3, 0), (5, 3)])
+async def test_recovery_logs_one_line_per_session_however_the_pages_fall(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, page: int, max_resting: int
+) -> None:
+    log = MemoryLog()
+    async with Host(chat=Model(), log=log) as first:
+        statuses = {
+            f"s{n}": (await run_to_rest(first, f"s{n}", "ask" if n % 3 else "hello")).status
+            for n in range(9)
+        }
+    monkeypatch.setattr(
+        "turnkeeper.sessions._host.runs_by_page", lambda log: runs_by_page(log, page=page)
+    )
+    caplog.set_level(logging.INFO, logger="turnkeeper.host")
+    caplog.clear()
+    async with Host(chat=Model(), log=log, max_resting=max_resting):
+        lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "turnkeeper.host"]
+    recovered = [
+        (line["session_id"], line["status"])
+        for line in lines
+        if line["event"] == "session.transition" and line["previous"] is None
+    ]
+    assert sorted(recovered) == sorted(statuses.items())
+
+
 # -- the same calls on a host that drops and on one that does not --------------------------
 
 SESSIONS = 3

@@ -726,11 +726,19 @@ class Host:
                     _log.error("session.unreadable", session_id=session_id, error=str(exc))
             # One transition line for each session held. Those the pass left at rest first,
             # in their order (least recently logged first), which noting each keeps.
+            let_go = dict(self._dropped)
             others = [s for i, s in self._sessions.items() if i not in self._resting]
             for session in [*self._resting.values(), *others]:
                 self._note(session)
                 if self._status(session) == "running":
                     self._spawn(session)
+            # And one for each the pass let go (its seq not kept), so that every session
+            # recovered has its line, however the pages fell.
+            if _std_log.isEnabledFor(logging.INFO):
+                for session_id, status in let_go.items():
+                    _log.info(
+                        "session.transition", session_id=session_id, status=status, previous=None
+                    )
         self.counters["sessions_recovered"] = sum(s.running for s in self._sessions.values())
 
     async def _rebuild_all(self) -> tuple[set[str], dict[str, LogError]]:

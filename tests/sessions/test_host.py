@@ -803,3 +803,18 @@ async def test_a_thousand_crashes_within_the_window_back_off_without_overflow() 
             await host.start(SPEC, "hello", session_id="s")
             info = await host.result("s", wait=60)
     assert (info.status, info.text, crashes) == ("idle", "made it", 0)
+
+
+async def test_retry_of_a_session_that_did_not_fail_does_nothing() -> None:
+    log = MemoryLog()
+    chat = ScriptedChat([text_response("one"), text_response("two")])
+    async with Host(chat=chat, log=log) as host:
+        await host.start(SPEC, "hello", session_id="s")
+        before = await settle(host, "s")
+        await host.retry("s")
+        # No task woken for nothing: the next message is the next request, not queued.
+        assert not host._sessions["s"].running
+        await host.send("s", "again")
+        after = await settle(host, "s")
+    assert (before.text, after.text) == ("one", "two")
+    assert "local.message_queued" not in types(await log.read("s"))

@@ -523,13 +523,17 @@ class Host:
             self._wake(session)
 
     async def retry(self, session_id: str) -> None:
-        """Try the model call of an errored session again."""
+        """Try the model call of an errored session again (of any other, do nothing)."""
         self._check_accepting()
         async with self._use(session_id) as session:
             if session.state.status in ("failed", "cancelled"):
                 raise InputError(
                     f"session {session_id} is {session.state.status}; nothing to retry"
                 )
+            if not session.errored:
+                # No failed call to make again. Woken, the session would hold a task that
+                # finds nothing to do, and a message sent meanwhile would queue behind it.
+                return
             session.errored = False
             self._note(session)
             self._wake(session)

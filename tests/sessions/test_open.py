@@ -85,6 +85,7 @@ def test_an_empty_transcript_means_a_fresh_open() -> None:
         ({"history": [{"role": "user", "content": {"a": 1}}]}, "history[0].content"),
         ({"history": [{"role": "user", "content": 5}]}, "history[0].content"),
         ({"history": [{"role": "user", "content": [1, 2]}]}, "history[0].content"),
+        ({"history": [{"role": "user", "content": [{"text": "hi"}]}]}, "history[0].content"),
         (
             {"history": [{"role": "user", "content": "x", "meta": object()}]},
             "cannot be logged as JSON",

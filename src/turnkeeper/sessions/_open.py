@@ -85,15 +85,21 @@ def _transcript(history: Sequence[dict[str, Any]] | None) -> tuple[dict[str, Any
         if role not in ("system", "user", "assistant", "tool"):
             raise InputError(f"history[{index}].role: {role!r} is not a chat role")
         content = message.get("content")
-        # As in a model's reply: text, a list of content parts (objects), or none.
+        # As chat servers take it: text, a list of content parts (each an object naming its
+        # type), or none.
         if not (
             content is None
             or isinstance(content, str)
-            or (isinstance(content, list) and all(isinstance(part, dict) for part in content))
+            or (
+                isinstance(content, list)
+                and all(
+                    isinstance(part, dict) and isinstance(part.get("type"), str) for part in content
+                )
+            )
         ):
             raise InputError(
-                f"history[{index}].content: expected a string, a list of content part "
-                f"objects or null, got {content!r:.80}"
+                f"history[{index}].content: expected a string, a list of content parts "
+                f'(objects with a "type") or null, got {content!r:.80}'
             )
         called |= _check_tool_calls(index, message.get("tool_calls"))
         # As chat servers require: a tool message answers a call made before it.

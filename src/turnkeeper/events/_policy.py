@@ -7,32 +7,13 @@ so a log written before a bound was set still reads.
 
 from __future__ import annotations
 
-import sys
-
 import msgspec
 
+from turnkeeper.events._checks import check_count, check_seconds
 from turnkeeper.events._errors import InputError
 
 FINAL_TURN_LEAD = "This is your last turn."
 """How the final-turn directive starts; backends that constrain the last reply look for it."""
-
-
-def _check_count(field: str, value: object, least: int) -> None:
-    """Raise InputError, naming `field`, unless `value` is an integer >= `least`."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise InputError(f"{field}: expected an integer >= {least}, got {value!r:.80}")
-
-
-def _check_seconds(field: str, value: object) -> None:
-    """Raise InputError, naming `field`, unless `value` is a finite number of seconds > 0."""
-    # NaN fails both comparisons; an int past the float range compares exactly, and is
-    # refused as a float field of the log could not read it back.
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not 0 < value <= sys.float_info.max
-    ):
-        raise InputError(f"{field}: expected a finite number of seconds > 0, got {value!r:.80}")
 
 
 class MaxTurns(msgspec.Struct, frozen=True):
@@ -142,20 +123,20 @@ def check_guards(config: GuardConfig, *, since: GuardConfig | None = None) -> No
             )
         field = f"guards.{name}"
         if isinstance(value, ConsecutiveErrors):
-            _check_count(f"{field}.threshold", value.threshold, 1)
+            check_count(f"{field}.threshold", value.threshold, 1)
         elif isinstance(value, LoopDetection):
-            _check_count(f"{field}.warnings", value.warnings, 0)
+            check_count(f"{field}.warnings", value.warnings, 0)
         elif isinstance(value, TerminalTool):
             if not isinstance(value.required, bool):
                 raise InputError(
                     f"{field}.required: expected true or false, got {value.required!r:.80}"
                 )
-            _check_count(f"{field}.max_reprompts", value.max_reprompts, 0)
+            check_count(f"{field}.max_reprompts", value.max_reprompts, 0)
         elif isinstance(value, Budget):
             if value.max_tokens is not None:
-                _check_count(f"{field}.max_tokens", value.max_tokens, 1)
+                check_count(f"{field}.max_tokens", value.max_tokens, 1)
             if value.max_seconds is not None:
-                _check_seconds(f"{field}.max_seconds", value.max_seconds)
+                check_seconds(f"{field}.max_seconds", value.max_seconds, positive=True)
         elif isinstance(value, SmallModel):
-            _check_count(f"{field}.window_turns", value.window_turns, 1)
-            _check_count(f"{field}.max_result_chars", value.max_result_chars, 1)
+            check_count(f"{field}.window_turns", value.window_turns, 1)
+            check_count(f"{field}.max_result_chars", value.max_result_chars, 1)

@@ -10,7 +10,6 @@ with side effects dedupe).
 from __future__ import annotations
 
 import logging
-import sys
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
@@ -50,6 +49,7 @@ from turnkeeper.events import (
     collecting_events,
     replay,
 )
+from turnkeeper.events._checks import check_count, check_seconds
 from turnkeeper.events._gc import gc_paused
 from turnkeeper.events._log import LARGEST_SEQ, EventLog, check_batch
 from turnkeeper.events._memory_log import MemoryLog
@@ -300,19 +300,19 @@ class Host:
                 raise InputError(f"Host: {name}: expected a function, got {function!r:.80}")
         if log is not None and not isinstance(log, EventLog):
             raise InputError(f"Host: log: expected an EventLog or None, got {type(log).__name__}")
-        _check_count("Host: mailbox_size", mailbox_size, 1)
-        _check_count("Host: max_restarts", max_restarts, 0)
-        _check_count("Host: tool_concurrency", tool_concurrency, 1)
+        check_count("Host: mailbox_size", mailbox_size, 1)
+        check_count("Host: max_restarts", max_restarts, 0)
+        check_count("Host: tool_concurrency", tool_concurrency, 1)
         if max_model_calls is not None:
-            _check_count("Host: max_model_calls", max_model_calls, 1, optional=True)
+            check_count("Host: max_model_calls", max_model_calls, 1, optional=True)
         if max_resting is not None:
-            _check_count("Host: max_resting", max_resting, 0, optional=True)
-        _check_seconds("Host: restart_window", restart_window, positive=True)
-        _check_seconds("Host: restart_backoff", restart_backoff)
-        _check_seconds("Host: max_backoff", max_backoff)
-        _check_seconds("Host: stop_grace", stop_grace)
+            check_count("Host: max_resting", max_resting, 0, optional=True)
+        check_seconds("Host: restart_window", restart_window, positive=True)
+        check_seconds("Host: restart_backoff", restart_backoff)
+        check_seconds("Host: max_backoff", max_backoff)
+        check_seconds("Host: stop_grace", stop_grace)
         if tool_timeout is not None:
-            _check_seconds("Host: tool_timeout", tool_timeout, positive=True, optional=True)
+            check_seconds("Host: tool_timeout", tool_timeout, positive=True, optional=True)
         self.chat = traced_chat(chat)
         # A MemoryLog the host makes is never closed: closing it releases nothing, and a
         # closed one would refuse the reads that go on working after a stop.
@@ -583,7 +583,7 @@ class Host:
         Raises HostStopped if the host stopped with the session mid-turn: it comes to rest
         only in a host started later on the same log."""
         if wait is not None:
-            _check_seconds("wait", wait, optional=True)
+            check_seconds("wait", wait, optional=True)
         async with self._use(session_id) as session:
             with anyio.move_on_after(wait):
                 while self._status(session) == "running":
@@ -602,7 +602,7 @@ class Host:
         `wait` seconds for one (long-poll)."""
         if isinstance(after, bool) or not isinstance(after, int) or not 0 <= after <= LARGEST_SEQ:
             raise InputError(f"after: expected an integer from 0 to 2**63 - 1, got {after!r}")
-        _check_seconds("wait", wait)
+        check_seconds("wait", wait)
         async with self._use(session_id) as session:
             deadline = anyio.current_time() + wait
             while True:
@@ -664,7 +664,7 @@ class Host:
         """Stop gracefully: take no new work, give sessions `grace` seconds to reach a
         turn boundary, then cancel what is left. The log stays consistent throughout."""
         if grace is not None:
-            _check_seconds("grace", grace, optional=True)
+            check_seconds("grace", grace, optional=True)
         self._accepting = False
         self._stopping = True
         limit = self.stop_grace if grace is None else grace
@@ -1453,33 +1453,6 @@ class Host:
 
 def _taken(session_id: str) -> InputError:
     return InputError(f"session_id: {session_id} already exists")
-
-
-def _check_count(name: str, value: object, least: int, *, optional: bool = False) -> None:
-    """Raise InputError unless `value` is an int (not a bool) >= `least`; `optional`: the
-    message says None is allowed too."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        allowed = f"None or an int >= {least}" if optional else f"an int >= {least}"
-        raise InputError(f"{name}: expected {allowed}, got {value!r}")
-
-
-def _check_seconds(
-    name: str, value: object, *, positive: bool = False, optional: bool = False
-) -> None:
-    """Raise InputError unless `value` is a finite number of seconds (not a bool), >= 0
-    or, if `positive`, > 0; `optional`: the message says None is allowed too."""
-    # An int past the float range compares exactly (math.isfinite would overflow on it),
-    # and no wait or timer can use it.
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not 0 <= value <= sys.float_info.max
-        or (positive and value == 0)
-    ):
-        allowed = "a finite number of seconds " + ("> 0" if positive else ">= 0")
-        if optional:
-            allowed = "None or " + allowed
-        raise InputError(f"{name}: expected {allowed}, got {value!r}")
 
 
 def _check_text(name: str, value: object) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from turnkeeper.events._text import loggable
+
 if TYPE_CHECKING:
     from turnkeeper.events._events import Envelope
 
@@ -44,9 +46,7 @@ class ChatError(TurnkeeperError):
         status: int | None = None,
         retry_after: float | None = None,
     ) -> None:
-        text = message if isinstance(message, str) else str(message)
-        if not text.isascii():
-            text = text.encode("utf-8", "replace").decode("utf-8")
+        text = loggable(message if isinstance(message, str) else str(message))
         super().__init__(text)
         self.message = text
         self.transient = bool(transient)

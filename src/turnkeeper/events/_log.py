@@ -12,6 +12,7 @@ import msgspec
 from turnkeeper.events._errors import LogCorrupt, LogError, SeqError, UnloggableEvent
 from turnkeeper.events._events import Envelope
 from turnkeeper.events._jsonl import decode_envelope, decode_envelopes, encode_envelope
+from turnkeeper.events._text import encodes
 
 
 class SeqConflict(LogError):
@@ -120,18 +121,6 @@ def check_session_id(session_id: str) -> None:
         raise LogError(f"session_id must be a non-empty string, got {session_id!r}")
 
 
-def _loggable_id(session_id: str) -> bool:
-    """Whether a session of this id can be in a log: the id encodes as UTF-8. One holding
-    a lone surrogate does not, so no append of it gets past `check_batch`."""
-    if session_id.isascii():
-        return True
-    try:
-        session_id.encode()
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 class EventLog(ABC):
     """An append-only store of every session's events.
 
@@ -186,7 +175,7 @@ class EventLog(ABC):
         """The session's events with seq > `after`, in order, at most `limit` of them.
 
         A session id that cannot be logged (one holding a lone surrogate) names no
-        session: it has no events.
+        session, as no append of it gets past `check_batch`: it has no events.
         """
         check_session_id(session_id)
         check_window(after, limit)
@@ -194,7 +183,7 @@ class EventLog(ABC):
         if limit == 0:
             return []
         await _yield()
-        if not _loggable_id(session_id):
+        if not encodes(session_id):
             return []
         return await self._read(session_id, after, limit)
 
@@ -204,7 +193,7 @@ class EventLog(ABC):
         check_session_id(session_id)
         await self._ready()
         await _yield()
-        if not _loggable_id(session_id):
+        if not encodes(session_id):
             return 0
         return await self._last_seq(session_id)
 

@@ -15,6 +15,7 @@ import msgspec
 
 from turnkeeper.events import ChatError, InputError
 from turnkeeper.events._messages import MAX_JSON_DEPTH, nests_deeper
+from turnkeeper.events._text import encodes
 from turnkeeper.providers._chat import error_for_status, parse_retry_after
 
 _KEY_VARIABLES = ("TURNKEEPER_API_KEY", "OPENAI_API_KEY")
@@ -177,11 +178,9 @@ def _endpoint(base_url: str) -> httpx.URL:
     """`{base_url}/chat/completions`; InputError naming base_url if it is no http(s) URL."""
     if not isinstance(base_url, str):
         raise InputError(f"OpenAIChat: base_url must be a string, got {type(base_url).__name__}")
-    try:
-        base_url.encode()
-    except UnicodeEncodeError:
+    if not encodes(base_url):
         # A lone surrogate (how Python decodes a non-UTF-8 byte of argv) cannot be quoted.
-        raise InputError("OpenAIChat: base_url is not a URL: it is not UTF-8 text") from None
+        raise InputError("OpenAIChat: base_url is not a URL: it is not UTF-8 text")
     try:
         url = httpx.URL(base_url.rstrip("/") + "/chat/completions")
     except httpx.InvalidURL as error:

@@ -13,6 +13,7 @@ import msgspec
 from turnkeeper._jsonschema import coerce
 from turnkeeper.events import AgentSpec, InputError, ToolResult, ToolUse
 from turnkeeper.events._calls import call_problem
+from turnkeeper.events._text import loggable
 
 
 class ToolContext(msgspec.Struct, frozen=True):
@@ -78,13 +79,8 @@ def coerce_call(spec: AgentSpec, use: ToolUse) -> ToolUse:
 def as_text(value: Any) -> str:
     """A handler's return value as the text sent to the model."""
     if isinstance(value, str):
-        return _loggable(value)
+        return loggable(value)
     return _json.encode(value).decode()
-
-
-def _loggable(text: str) -> str:
-    """`text` with each lone surrogate (which cannot be logged as JSON) replaced by "?"."""
-    return text if text.isascii() else text.encode("utf-8", "replace").decode("utf-8")
 
 
 def _error_text(exc: BaseException) -> str:
@@ -94,7 +90,7 @@ def _error_text(exc: BaseException) -> str:
     except Exception as broken:
         # A broken __str__ is the handler's failure too: its call still gets a result.
         message = f"(its message could not be made: {type(broken).__name__})"
-    return _loggable(f"{type(exc).__name__}: {message}")
+    return loggable(f"{type(exc).__name__}: {message}")
 
 
 def handled_as_error(exc: BaseException) -> bool:
@@ -134,7 +130,7 @@ async def run_tool(
                 value = await _call(handler, use, ctx)
             if scope.cancelled_caught:
                 return ToolResult(
-                    use.id, _loggable(f"{use.name} timed out after {timeout:g} s"), is_error=True
+                    use.id, loggable(f"{use.name} timed out after {timeout:g} s"), is_error=True
                 )
     except BaseException as exc:
         if not handled_as_error(exc):
@@ -145,7 +141,7 @@ async def run_tool(
     # Any value a handler returns may fail to encode: a foreign type, a lone surrogate, a cycle.
     except (TypeError, ValueError, RecursionError, msgspec.EncodeError) as exc:
         returned = f"{use.name} returned {type(value).__name__}, not text: {exc}"
-        return ToolResult(use.id, _loggable(returned), is_error=True)
+        return ToolResult(use.id, loggable(returned), is_error=True)
 
 
 async def run_each(

@@ -28,9 +28,8 @@ import anyio
 sys.path.insert(0, str(Path(__file__).parent))
 
 from log_append import turn
-from turnkeeper.events import _sqlite_checkpointer, _sqlite_log
-from turnkeeper.events._log import Batch, check_batch
-from turnkeeper.events._sqlite_log import SqliteLog
+from turnkeeper.logs import SqliteLog, _sqlite_checkpointer, _sqlite_log
+from turnkeeper.logs._log import Batch, check_batch
 
 _WAYS = {
     "thread": "checkpoints in a thread of their own",

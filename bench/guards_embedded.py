@@ -24,7 +24,7 @@ from typing import Any
 import anyio
 import msgspec
 
-from turnkeeper.events import AgentSpec, GuardConfig, MaxTurns, SmallModel, ToolSpec
+from turnkeeper.core import AgentSpec, GuardConfig, MaxTurns, SmallModel, ToolSpec
 from turnkeeper.providers import EmbeddedChat
 from turnkeeper.sessions import RunResult, run
 from turnkeeper.tools import EXAMPLE_TOOLS

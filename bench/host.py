@@ -46,8 +46,8 @@ from typing import Any
 import anyio
 
 from turnkeeper import AgentSpec, Host, SqliteLog, ToolSpec
-from turnkeeper.events import LogError
-from turnkeeper.events._log import Batch
+from turnkeeper.core import LogError
+from turnkeeper.logs._log import Batch
 from turnkeeper.providers import text_response, tool_response
 
 SPEC = AgentSpec(system_prompt="Use the tool.", tools=(ToolSpec("step"),))

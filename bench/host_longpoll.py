@@ -24,8 +24,9 @@ from typing import Any
 
 import anyio
 
-from turnkeeper.events import AgentSpec, Envelope
-from turnkeeper.events._sqlite_log import SqliteLog
+from turnkeeper.core import AgentSpec
+from turnkeeper.events import Envelope
+from turnkeeper.logs import SqliteLog
 from turnkeeper.providers import text_response
 from turnkeeper.sessions import Host
 

@@ -26,10 +26,9 @@ from pathlib import Path
 import anyio
 import msgspec
 
-from turnkeeper.events import Envelope, ModelResponded, ToolCalled, Usage
-from turnkeeper.events._jsonl_log import JsonlLog
-from turnkeeper.events._log import EventLog
-from turnkeeper.events._sqlite_log import SqliteLog
+from turnkeeper.core import Usage
+from turnkeeper.events import Envelope, ModelResponded, ToolCalled
+from turnkeeper.logs import EventLog, JsonlLog, SqliteLog
 
 
 def turn(session_id: str, seq: int) -> list[Envelope]:

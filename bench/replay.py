@@ -24,7 +24,8 @@ from typing import Any
 import anyio
 
 from turnkeeper import AgentSpec, ToolSpec, replay, run
-from turnkeeper.events import Envelope, EventLog, JsonlLog, SqliteLog
+from turnkeeper.events import Envelope
+from turnkeeper.logs import EventLog, JsonlLog, SqliteLog
 from turnkeeper.providers import text_response, tool_response
 
 SPEC = AgentSpec(system_prompt="Look things up.", tools=(ToolSpec("lookup"),))

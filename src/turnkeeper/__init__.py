@@ -1,28 +1,21 @@
 """turnkeeper: a runtime for LLM tool-calling agents that must not loop, lose work or fall over."""
 
-from turnkeeper.events import (
+from turnkeeper.core import (
     AgentSpec,
     Budget,
     ChatError,
     ConsecutiveErrors,
     DuplicateCalls,
-    Envelope,
-    EventLog,
     FinalTurn,
     GuardConfig,
     InputError,
-    JsonlLog,
     LogCorrupt,
     LogError,
     LoopDetection,
     MaxTurns,
     McpServer,
-    MemoryLog,
     ReplayError,
-    SeqConflict,
     SeqError,
-    SessionState,
-    SqliteLog,
     TerminalTool,
     ToolResult,
     ToolSpec,
@@ -30,15 +23,24 @@ from turnkeeper.events import (
     TurnkeeperError,
     UnloggableEvent,
     Usage,
+)
+from turnkeeper.events import Envelope
+from turnkeeper.guards import Guard, GuardView, Verdict, compose, default_guards
+from turnkeeper.logs import (
+    EventLog,
+    JsonlLog,
+    MemoryLog,
+    SeqConflict,
+    SqliteLog,
     read_jsonl,
-    replay,
     write_jsonl,
 )
-from turnkeeper.guards import Guard, GuardView, Verdict, compose, default_guards
 from turnkeeper.providers import (
     OpenAIChat,
+    ParsedReply,
     ScriptedChat,
     ScriptExhausted,
+    parse_tool_calls,
     text_response,
     tool_response,
     with_retry,
@@ -61,8 +63,8 @@ from turnkeeper.sessions import (
     recheck,
     run,
 )
-from turnkeeper.tools import ParsedReply, ToolContext, parse_tool_calls
-from turnkeeper.tools._mcp import McpError, McpPool
+from turnkeeper.state import SessionState, replay
+from turnkeeper.tools import McpError, McpPool, ToolContext
 
 __all__ = [
     "AgentSpec",

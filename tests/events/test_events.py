@@ -10,10 +10,10 @@ from typing import Any
 import msgspec
 import pytest
 
-from turnkeeper.events import (
-    AgentSpec,
+from turnkeeper.core import AgentSpec, Budget, GuardConfig, LogCorrupt, ToolResult, ToolSpec, Usage
+from turnkeeper.events._codec import decode_envelope, encode_envelope
+from turnkeeper.events._events import (
     AnyEvent,
-    Budget,
     Cancelled,
     ChatFailed,
     ChatRetried,
@@ -22,9 +22,7 @@ from turnkeeper.events import (
     Envelope,
     Event,
     Failed,
-    GuardConfig,
     Halted,
-    LogCorrupt,
     McpFailed,
     MessageQueued,
     MessageReceived,
@@ -33,13 +31,8 @@ from turnkeeper.events import (
     SessionOpened,
     TerminalToolCalled,
     ToolCalled,
-    ToolResult,
     ToolResultsReceived,
     ToolReturned,
-    ToolSpec,
-    Usage,
-    decode_envelope,
-    encode_envelope,
 )
 
 # The wire names. Changing one breaks every stored log, so they are pinned here, not derived.

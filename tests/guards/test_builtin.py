@@ -14,16 +14,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from turnkeeper.events import (
+from turnkeeper.core import (
     AgentSpec,
     Message,
-    SessionState,
     ToolResult,
     ToolSpec,
     ToolUse,
     Usage,
+    call_key,
+    duplicate_content,
+    gist,
+    tool_uses_of,
 )
-from turnkeeper.events._messages import call_key, duplicate_content, gist, tool_uses_of
 from turnkeeper.guards import (
     CONTINUE,
     Budget,
@@ -46,6 +48,7 @@ from turnkeeper.guards import (
     terminal_tool,
 )
 from turnkeeper.sessions import open_session
+from turnkeeper.state import SessionState
 
 SEARCH = ToolSpec(
     "search",

@@ -6,8 +6,7 @@ import functools
 
 import msgspec
 
-from turnkeeper.events import AgentSpec, GuardConfig, SessionState, ToolSpec, ToolUse, Usage
-from turnkeeper.events._messages import call_key
+from turnkeeper.core import AgentSpec, GuardConfig, ToolSpec, ToolUse, Usage, call_key
 from turnkeeper.guards import (
     CONTINUE,
     Directive,
@@ -34,6 +33,7 @@ from turnkeeper.guards import (
 )
 from turnkeeper.guards._view import acts_in, phases_of
 from turnkeeper.sessions import open_session
+from turnkeeper.state import SessionState
 
 SPEC = AgentSpec(tools=(ToolSpec("search"), ToolSpec("finish")), terminal_tool="finish")
 

@@ -8,17 +8,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from turnkeeper.events import (
-    AgentSpec,
-    GuardConfig,
-    SessionState,
-    SmallModel,
-    ToolResult,
-    ToolSpec,
-    ToolUse,
-    Usage,
-    replay,
-)
+from turnkeeper.core import AgentSpec, GuardConfig, SmallModel, ToolResult, ToolSpec, ToolUse, Usage
 from turnkeeper.guards import (
     CONTINUE,
     GuardView,
@@ -30,6 +20,7 @@ from turnkeeper.guards import (
 )
 from turnkeeper.providers import ScriptedChat, text_response, tool_response
 from turnkeeper.sessions import open_session, recheck, run
+from turnkeeper.state import SessionState, replay
 
 SPEC = AgentSpec(
     system_prompt="sys",

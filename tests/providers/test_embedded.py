@@ -10,8 +10,7 @@ from typing import Any
 import anyio
 import pytest
 
-from turnkeeper._jsonschema import validate
-from turnkeeper.events import ChatError, InputError, ToolSpec
+from turnkeeper.core import ChatError, InputError, ToolSpec, validate
 from turnkeeper.providers._embedded import (
     DEFAULT_WEIGHTS_FILE,
     EmbeddedChat,

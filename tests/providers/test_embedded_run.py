@@ -6,15 +6,12 @@ from typing import Any
 
 import pytest
 
+from turnkeeper.core import AgentSpec, GuardConfig, SmallModel, ToolSpec
 from turnkeeper.events import (
-    AgentSpec,
-    GuardConfig,
     Halted,
     ModelResponded,
-    SmallModel,
     ToolCalled,
     ToolReturned,
-    ToolSpec,
 )
 from turnkeeper.providers import EmbeddedChat
 from turnkeeper.sessions import run

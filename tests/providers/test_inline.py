@@ -9,8 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from turnkeeper._jsonschema import validate
-from turnkeeper.events import ToolSpec
+from turnkeeper.core import ToolSpec, validate
 from turnkeeper.providers import ScriptedChat, text_response, tool_response
 from turnkeeper.providers._inline import (
     RESULT_CHARS,

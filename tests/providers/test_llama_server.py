@@ -12,14 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from turnkeeper.events import (
-    AgentSpec,
-    GuardConfig,
-    SmallModel,
-    ToolCalled,
-    ToolReturned,
-    ToolSpec,
-)
+from turnkeeper.core import AgentSpec, GuardConfig, SmallModel, ToolSpec
+from turnkeeper.events import ToolCalled, ToolReturned
 from turnkeeper.providers import InlineTools, OpenAIChat
 from turnkeeper.providers._embedded import default_model_path
 from turnkeeper.sessions import check_response, run

@@ -23,9 +23,10 @@ from tests.providers.openai_server import (
     completion,
     serve_chat,
 )
-from turnkeeper.events import ChatError, InputError, collecting_events
+from turnkeeper.core import ChatError, InputError
 from turnkeeper.providers import with_retry
 from turnkeeper.providers._openai import OpenAIChat, aclose_shared_client
+from turnkeeper.providers._report import collecting_events
 
 pytestmark = pytest.mark.anyio
 

@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from turnkeeper.events import ChatError, ChatRetried, InputError, collecting_events
+from turnkeeper.core import ChatError, InputError
+from turnkeeper.events import ChatRetried
 from turnkeeper.providers import (
     ScriptedChat,
     error_for_status,
@@ -19,6 +20,7 @@ from turnkeeper.providers import (
     text_response,
     with_retry,
 )
+from turnkeeper.providers._report import collecting_events
 
 OK = text_response("ok")
 

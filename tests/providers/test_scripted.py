@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from turnkeeper.events import ChatError, InputError, TurnkeeperError, Usage
+from turnkeeper.core import ChatError, InputError, TurnkeeperError, Usage
 from turnkeeper.providers import ScriptedChat, ScriptExhausted, text_response, tool_response
 
 

@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from turnkeeper.events import AgentSpec, ChatError, ChatFailed, InputError, ToolSpec
+from turnkeeper.core import AgentSpec, ChatError, InputError, ToolSpec
+from turnkeeper.events import ChatFailed
 from turnkeeper.providers import ScriptedChat, text_response
 from turnkeeper.providers._shaping import (
     approx_tokens,

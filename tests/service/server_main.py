@@ -17,7 +17,7 @@ from typing import Any
 
 import anyio
 
-from turnkeeper.events import AgentSpec, ToolSpec
+from turnkeeper.core import AgentSpec, ToolSpec
 from turnkeeper.providers import text_response, tool_response
 from turnkeeper.service import Limits, Listening, serve
 

@@ -16,10 +16,9 @@ from starlette.types import Message
 
 from tests.service.bad_requests import CASES, BadRequest, case_body, check_error, setup_bodies
 from tests.service.server_main import ASK_SPEC, LIMITS, LOOKUP_SPEC, answer_for, chat, lookup
-from turnkeeper.events import LogError
-from turnkeeper.events._log import Batch
-from turnkeeper.events._memory_log import MemoryLog
-from turnkeeper.events._messages import MAX_JSON_DEPTH
+from turnkeeper.core import MAX_JSON_DEPTH, LogError
+from turnkeeper.logs import MemoryLog
+from turnkeeper.logs._log import Batch
 from turnkeeper.service import ErrorBody, EventPage, Limits, create_app
 from turnkeeper.sessions import Chat, Host, SessionInfo
 

@@ -6,8 +6,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from turnkeeper.events import InputError
-from turnkeeper.service._auth import TOKEN_VARIABLE, bearer_problem, check_token, resolve_token
+from turnkeeper.core import InputError
+from turnkeeper.service._auth import (
+    TOKEN_VARIABLE,
+    bearer_problem,
+    check_token,
+    resolve_token,
+)
 
 TOKEN = b"s3cret-token"
 

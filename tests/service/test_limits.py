@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from turnkeeper.events import InputError
+from turnkeeper.core import InputError
 from turnkeeper.service import DEFAULT_LIMITS, Limits
 
 

@@ -8,7 +8,7 @@ import anyio.lowlevel
 import pytest
 
 from tests.service.server_main import chat
-from turnkeeper.events import AgentSpec
+from turnkeeper.core import AgentSpec
 from turnkeeper.service._longpoll import events_or_stop, unless_stopping
 from turnkeeper.sessions import Host, UnknownSession
 

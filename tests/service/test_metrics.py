@@ -13,10 +13,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.service.prometheus import parse_exposition
-from turnkeeper.events import AgentSpec
+from turnkeeper.core import AgentSpec
 from turnkeeper.providers import text_response
 from turnkeeper.service import create_app
-from turnkeeper.service._metrics import COUNTERS, QUANTILES, STATUSES, quantile, render_metrics
+from turnkeeper.service._metrics import (
+    COUNTERS,
+    QUANTILES,
+    STATUSES,
+    quantile,
+    render_metrics,
+)
 from turnkeeper.sessions import Host
 
 counts = st.integers(min_value=0, max_value=10**12)

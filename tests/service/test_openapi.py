@@ -13,7 +13,7 @@ import pytest
 from starlette.routing import Route
 
 from tests.service.server_main import ASK_SPEC, LIMITS, LOOKUP_SPEC, chat, lookup
-from turnkeeper._jsonschema import validate
+from turnkeeper.core import validate
 from turnkeeper.service import create_app, openapi_document
 from turnkeeper.sessions import Host
 

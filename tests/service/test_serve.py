@@ -22,7 +22,8 @@ from tests.service.process import TOKEN, ServerProcess
 from tests.service.prometheus import parse_exposition
 from tests.service.server_main import ASK_SPEC, LOOKUP_SPEC, answer_for
 from tests.service.sse import SseEvent, parse_sse
-from turnkeeper.events import Envelope, InputError, LogError, ToolReturned
+from turnkeeper.core import InputError, LogError
+from turnkeeper.events import Envelope, ToolReturned
 from turnkeeper.service import ErrorBody, EventPage, SessionPage, serve
 from turnkeeper.sessions import SessionInfo
 

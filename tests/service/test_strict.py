@@ -7,7 +7,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from turnkeeper.events import AgentSpec
+from turnkeeper.core import AgentSpec
 from turnkeeper.service._schemas import CreateSession, PostToolResults
 from turnkeeper.service._strict import unknown_field
 

@@ -20,11 +20,13 @@ from typing import Any
 import anyio
 import msgspec
 
-from turnkeeper.events import AgentSpec, Envelope, SessionState, ToolCalled, ToolSpec, replay
-from turnkeeper.events._sqlite_log import SqliteLog
+from turnkeeper.core import AgentSpec, ToolSpec
+from turnkeeper.events import Envelope, ToolCalled
+from turnkeeper.logs import SqliteLog
 from turnkeeper.providers import text_response, tool_response
 from turnkeeper.sessions import Host, SessionInfo
-from turnkeeper.tools._handlers import ToolContext
+from turnkeeper.state import SessionState, replay
+from turnkeeper.tools import ToolContext
 
 STEP = ToolSpec(
     "step",

@@ -25,27 +25,27 @@ from tests.sessions.host_worker import (
     step_tool,
     stepper,
 )
-from turnkeeper.events import (
+from turnkeeper.core import (
     AgentSpec,
-    Cancelled,
     ChatError,
-    ChatFailed,
-    Envelope,
     InputError,
     LogError,
-    MessageReceived,
-    ModelResponded,
     ToolResult,
-    ToolReturned,
     ToolSpec,
     ToolUse,
 )
-from turnkeeper.events._jsonl_log import JsonlLog
-from turnkeeper.events._memory_log import MemoryLog
-from turnkeeper.events._sqlite_log import SqliteLog
+from turnkeeper.events import (
+    Cancelled,
+    ChatFailed,
+    Envelope,
+    MessageReceived,
+    ModelResponded,
+    ToolReturned,
+)
+from turnkeeper.logs import JsonlLog, MemoryLog, SqliteLog
 from turnkeeper.providers import ScriptedChat, text_response, tool_response
 from turnkeeper.sessions import Busy, Host, HostStopped, UnknownSession
-from turnkeeper.tools._handlers import ToolContext
+from turnkeeper.tools import ToolContext
 
 pytestmark = pytest.mark.anyio
 

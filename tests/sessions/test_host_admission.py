@@ -19,8 +19,9 @@ from tests.sessions.host_worker import (
     step_text,
     stepper,
 )
-from turnkeeper.events import Envelope, InputError
-from turnkeeper.events._memory_log import MemoryLog
+from turnkeeper.core import InputError
+from turnkeeper.events import Envelope
+from turnkeeper.logs import MemoryLog
 from turnkeeper.providers import ScriptedChat, text_response
 from turnkeeper.sessions import Host
 

@@ -33,23 +33,12 @@ from tests.sessions.host_worker import (
     stepper,
 )
 from tests.tools.test_handlers import cancelled_elsewhere
-from turnkeeper.events import (
-    ChatError,
-    Envelope,
-    Failed,
-    InputError,
-    LogCorrupt,
-    ToolCalled,
-    ToolResult,
-    ToolReturned,
-    replay,
-)
-from turnkeeper.events._jsonl_log import JsonlLog
-from turnkeeper.events._log import EventLog
-from turnkeeper.events._memory_log import MemoryLog
-from turnkeeper.events._sqlite_log import SqliteLog
+from turnkeeper.core import ChatError, InputError, LogCorrupt, ToolResult
+from turnkeeper.events import Envelope, Failed, ToolCalled, ToolReturned
+from turnkeeper.logs import EventLog, JsonlLog, MemoryLog, SqliteLog
 from turnkeeper.sessions import Host, HostStopped, UnknownSession
-from turnkeeper.tools._handlers import ToolContext
+from turnkeeper.state import replay
+from turnkeeper.tools import ToolContext
 
 pytestmark = pytest.mark.anyio
 

@@ -16,7 +16,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from turnkeeper import AgentSpec, Host, McpServer, MemoryLog, ToolSpec, replay, tracing
-from turnkeeper.providers import Chat, ScriptedChat, text_response, tool_response
+from turnkeeper.core import Chat
+from turnkeeper.providers import ScriptedChat, text_response, tool_response
 
 pytestmark = pytest.mark.anyio
 

@@ -14,14 +14,8 @@ import pytest
 
 from tests.sessions.host_worker import SPEC, settle
 from turnkeeper import McpServer
-from turnkeeper.events import (
-    AgentSpec,
-    InputError,
-    MemoryLog,
-    ToolResult,
-    ToolSpec,
-    UnloggableEvent,
-)
+from turnkeeper.core import AgentSpec, InputError, ToolResult, ToolSpec, UnloggableEvent
+from turnkeeper.logs import MemoryLog
 from turnkeeper.providers import ScriptedChat, text_response, tool_response
 from turnkeeper.sessions import Host, UnknownSession
 

@@ -15,7 +15,7 @@ import anyio
 from tests.sessions import host_worker
 from tests.sessions.host_worker import answer_for, check_log, steps_for
 from turnkeeper.events import Envelope
-from turnkeeper.events._sqlite_log import SqliteLog
+from turnkeeper.logs import SqliteLog
 
 SESSIONS = 50
 # Killed once this many events are logged: every session has started, none is near done

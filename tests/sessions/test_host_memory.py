@@ -21,19 +21,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.sessions.host_worker import check_log, settle
-from turnkeeper.events import (
+from turnkeeper.core import (
     AgentSpec,
     ChatError,
-    Envelope,
     InputError,
     LogError,
     ToolResult,
     ToolSpec,
     TurnkeeperError,
 )
-from turnkeeper.events._log import Batch
-from turnkeeper.events._memory_log import MemoryLog
-from turnkeeper.events._sqlite_log import SqliteLog
+from turnkeeper.events import Envelope
+from turnkeeper.logs import MemoryLog, SqliteLog
+from turnkeeper.logs._log import Batch
 from turnkeeper.providers import text_response, tool_response
 from turnkeeper.sessions import Host, SessionInfo
 from turnkeeper.sessions._rebuild import runs_by_page

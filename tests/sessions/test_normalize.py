@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from turnkeeper.events import AgentSpec, Envelope, Halted, ToolSpec
+from turnkeeper.core import AgentSpec, ToolSpec
+from turnkeeper.events import Envelope, Halted
 from turnkeeper.providers import ScriptedChat, text_response, tool_response
 from turnkeeper.sessions import Kickoff, normalize, open_session, poll_turn
 

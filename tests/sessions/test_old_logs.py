@@ -11,21 +11,12 @@ from typing import Any
 import msgspec
 import pytest
 
-from tests.events.test_logs import KINDS, factory
-from turnkeeper.events import (
-    AgentSpec,
-    Envelope,
-    GuardConfig,
-    InputError,
-    MessageReceived,
-    SessionOpened,
-    SessionState,
-    ToolSpec,
-    decode_envelope,
-    replay,
-)
+from tests.logs.test_logs import KINDS, factory
+from turnkeeper.core import AgentSpec, GuardConfig, InputError, ToolSpec
+from turnkeeper.events import Envelope, MessageReceived, SessionOpened, decode_envelope
 from turnkeeper.providers import ScriptedChat, text_response
 from turnkeeper.sessions import Host, open_session, recheck
+from turnkeeper.state import SessionState, replay
 
 pytestmark = pytest.mark.anyio
 

@@ -6,19 +6,12 @@ from typing import Any
 
 import pytest
 
-from turnkeeper.events import (
-    AgentSpec,
-    Envelope,
-    GuardConfig,
-    InputError,
-    TerminalTool,
-    ToolSpec,
-    decode_jsonl,
-    encode_jsonl,
-    replay,
-)
+from turnkeeper.core import AgentSpec, GuardConfig, InputError, TerminalTool, ToolSpec
+from turnkeeper.events import Envelope
+from turnkeeper.logs import decode_jsonl, encode_jsonl
 from turnkeeper.sessions import open_session
 from turnkeeper.sessions._poll import opened_event
+from turnkeeper.state import replay
 
 SPEC = AgentSpec(system_prompt="Be brief.", tools=(ToolSpec("f"),))
 

@@ -8,36 +8,27 @@ from typing import Any
 import msgspec
 import pytest
 
-from turnkeeper.events import (
+from turnkeeper.core import (
     AgentSpec,
     ChatError,
+    GuardConfig,
+    InputError,
+    ToolResult,
+    ToolSpec,
+    text_of,
+)
+from turnkeeper.events import (
     ChatFailed,
     ChatRetried,
     DirectiveInjected,
     DuplicateToolCall,
     Envelope,
-    GuardConfig,
-    InputError,
     ModelResponded,
-    SessionState,
-    ToolResult,
-    ToolSpec,
-    apply_event,
-    decode_jsonl,
-    encode_jsonl,
-    fold,
-    replay,
 )
-from turnkeeper.events._messages import text_of
+from turnkeeper.logs import decode_jsonl, encode_jsonl
 from turnkeeper.providers import ScriptedChat, text_response, tool_response, with_retry
-from turnkeeper.sessions import (
-    Kickoff,
-    Resume,
-    UserMessage,
-    normalize,
-    open_session,
-    poll_turn,
-)
+from turnkeeper.sessions import Kickoff, Resume, UserMessage, normalize, open_session, poll_turn
+from turnkeeper.state import SessionState, apply_event, fold, replay
 
 pytestmark = pytest.mark.anyio
 
@@ -517,7 +508,7 @@ async def test_seq_is_contiguous_and_apply_rejects_a_gap() -> None:
     events, state = await poll_turn(state, results_for(state), chat)
     log.extend(events)
     assert [e.seq for e in log] == list(range(1, len(log) + 1))
-    from turnkeeper.events import SeqError
+    from turnkeeper.core import SeqError
 
     with pytest.raises(SeqError, match=f"session {state.session_id}: seq 3"):
         replay([log[0], log[2]])

@@ -20,30 +20,29 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from turnkeeper.events import (
+from turnkeeper.core import (
     AgentSpec,
     ChatError,
-    DirectiveInjected,
-    Envelope,
     GuardConfig,
-    Halted,
     LogError,
-    MessageReceived,
-    ModelResponded,
-    SessionState,
     TerminalTool,
-    ToolCalled,
     ToolResult,
-    ToolReturned,
     ToolSpec,
     TurnkeeperError,
-    decode_jsonl,
-    encode_jsonl,
-    fold,
-    replay,
+    text_of,
+    tool_uses_of,
 )
-from turnkeeper.events._messages import text_of, tool_uses_of
+from turnkeeper.events import (
+    DirectiveInjected,
+    Envelope,
+    Halted,
+    MessageReceived,
+    ModelResponded,
+    ToolCalled,
+    ToolReturned,
+)
 from turnkeeper.guards import GuardView, Verdict, default_guards
+from turnkeeper.logs import decode_jsonl, encode_jsonl
 from turnkeeper.providers import text_response, tool_response
 from turnkeeper.sessions import (
     Resume,
@@ -56,6 +55,7 @@ from turnkeeper.sessions import (
     recheck,
     run,
 )
+from turnkeeper.state import SessionState, fold, replay
 
 EXAMPLES = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -12,21 +12,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from turnkeeper.events import (
-    AgentSpec,
-    Envelope,
-    EventLog,
-    LogCorrupt,
-    LogError,
-    MemoryLog,
-    SeqError,
-    SqliteLog,
-    ToolSpec,
-    replay,
-)
+from turnkeeper.core import AgentSpec, LogCorrupt, LogError, SeqError, ToolSpec
+from turnkeeper.events import Envelope
+from turnkeeper.logs import EventLog, MemoryLog, SqliteLog
 from turnkeeper.providers import text_response, tool_response
 from turnkeeper.sessions import run
 from turnkeeper.sessions._rebuild import Rebuilt, rebuilt_on, runs_by_page
+from turnkeeper.state import replay
 
 pytestmark = pytest.mark.anyio
 

@@ -14,41 +14,42 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.sessions.test_properties import SPEC as TOOLS_SPEC
-from turnkeeper.events import (
+from turnkeeper.core import (
     AgentSpec,
-    AnyEvent,
     Budget,
-    Cancelled,
     ChatError,
+    GuardConfig,
+    LoopDetection,
+    ReplayError,
+    SmallModel,
+    TerminalTool,
+    ToolResult,
+    ToolSpec,
+)
+from turnkeeper.events import (
+    AnyEvent,
+    Cancelled,
     ChatRetried,
     DirectiveInjected,
     DuplicateToolCall,
     Envelope,
     Failed,
-    GuardConfig,
     Halted,
-    LoopDetection,
-    MemoryLog,
     MessageQueued,
     MessageReceived,
     ModelResponded,
-    ReplayError,
     ReplyReplaced,
-    SmallModel,
-    TerminalTool,
     TerminalToolCalled,
     ToolCalled,
-    ToolResult,
     ToolResultsReceived,
     ToolReturned,
-    ToolSpec,
-    fold,
-    replay,
 )
+from turnkeeper.logs import MemoryLog
 from turnkeeper.providers import ScriptedChat, text_response, tool_response
 from turnkeeper.sessions import Host, Resume, UserMessage, open_session, recheck, run
 from turnkeeper.sessions._poll import begin_poll, end_poll, failure_events
 from turnkeeper.sessions._run import RUNNER, TURN_GUARD
+from turnkeeper.state import fold, replay
 
 pytestmark = pytest.mark.anyio
 
@@ -118,10 +119,11 @@ async def test_recheck_needs_the_opening_event() -> None:
 
 
 def test_a_message_queued_while_the_model_was_called_does_not_diverge() -> None:
-    from turnkeeper.events import MessageQueued, replay
+    from turnkeeper.events import MessageQueued
     from turnkeeper.providers import text_response
     from turnkeeper.sessions import Kickoff, UserMessage, open_session
     from turnkeeper.sessions._poll import begin_poll, emit, end_poll, opened_event
+    from turnkeeper.state import replay
 
     state = open_session(SPEC)
     events = []

@@ -9,20 +9,17 @@ from typing import Any
 import anyio
 import pytest
 
+from turnkeeper.core import AgentSpec, ChatError, ToolSpec, Usage
 from turnkeeper.events import (
-    AgentSpec,
-    ChatError,
     Envelope,
     MessageReceived,
     ToolCalled,
     ToolReturned,
-    ToolSpec,
-    Usage,
-    replay,
 )
 from turnkeeper.providers import ScriptedChat, text_response, tool_response
 from turnkeeper.sessions import recheck, run
-from turnkeeper.tools._handlers import ToolContext
+from turnkeeper.state import replay
+from turnkeeper.tools import ToolContext
 
 pytestmark = pytest.mark.anyio
 

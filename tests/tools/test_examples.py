@@ -12,8 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from turnkeeper.events import InputError, ToolSpec
-from turnkeeper.tools import validate
+from turnkeeper.core import InputError, ToolSpec, validate
 from turnkeeper.tools._examples import (
     CAPITALS,
     EXAMPLE_TOOLS,

@@ -10,18 +10,9 @@ from typing import Any
 import anyio
 import pytest
 
-from turnkeeper.events import (
-    AgentSpec,
-    Envelope,
-    InputError,
-    ToolCalled,
-    ToolResult,
-    ToolReturned,
-    ToolSpec,
-    ToolUse,
-    encode_envelope,
-)
-from turnkeeper.events._memory_log import MemoryLog
+from turnkeeper.core import AgentSpec, InputError, ToolResult, ToolSpec, ToolUse
+from turnkeeper.events import Envelope, ToolCalled, ToolReturned, encode_envelope
+from turnkeeper.logs import MemoryLog
 from turnkeeper.providers import ScriptedChat, text_response, tool_response
 from turnkeeper.sessions import Host, run
 from turnkeeper.tools._handlers import (

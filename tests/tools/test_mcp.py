@@ -20,20 +20,22 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from turnkeeper.events import (
+from turnkeeper.core import (
     AgentSpec,
     InputError,
+    McpServer,
+    ToolSpec,
+    ToolUse,
+)
+from turnkeeper.events import (
+    McpFailed,
     SessionOpened,
     ToolCalled,
     ToolReturned,
-    ToolSpec,
-    ToolUse,
-    replay,
 )
-from turnkeeper.events._events import McpFailed
-from turnkeeper.events._types import McpServer
 from turnkeeper.providers import ScriptedChat, text_response, tool_response
 from turnkeeper.sessions import run
+from turnkeeper.state import replay
 from turnkeeper.tools._handlers import ToolContext
 from turnkeeper.tools._mcp import McpError, McpPool, mcp_servers_from_commands
 
@@ -419,8 +421,8 @@ def test_without_the_mcp_extra_a_spec_naming_servers_says_what_to_install() -> N
 
         sys.meta_path.insert(0, NoMcp())
         import anyio
-        from turnkeeper.events import AgentSpec
-        from turnkeeper.events._types import McpServer
+        from turnkeeper.core import AgentSpec
+        from turnkeeper.core import McpServer
         from turnkeeper.providers import ScriptedChat, text_response
         from turnkeeper.sessions import run
         from turnkeeper.tools._mcp import McpError

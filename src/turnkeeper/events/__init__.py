@@ -1,15 +1,6 @@
-"""Events: the `local.*` event types, the envelope, JSON Lines, SessionState and replay."""
+"""Events: the `local.*` event types, the envelope and its codec."""
 
-from turnkeeper.events._errors import (
-    ChatError,
-    InputError,
-    LogCorrupt,
-    LogError,
-    ReplayError,
-    SeqError,
-    TurnkeeperError,
-    UnloggableEvent,
-)
+from turnkeeper.events._codec import decode_envelope, decode_envelopes, encode_envelope
 from turnkeeper.events._events import (
     AnyEvent,
     Cancelled,
@@ -32,112 +23,29 @@ from turnkeeper.events._events import (
     ToolResultsReceived,
     ToolReturned,
 )
-from turnkeeper.events._jsonl import (
-    JsonlRead,
-    TornTail,
-    check_sequence,
-    decode_envelope,
-    decode_jsonl,
-    encode_envelope,
-    encode_jsonl,
-    read_jsonl,
-    write_jsonl,
-)
-from turnkeeper.events._jsonl_log import JsonlLog
-from turnkeeper.events._log import EventLog, SeqConflict
-from turnkeeper.events._memory_log import MemoryLog
-from turnkeeper.events._policy import (
-    Budget,
-    ConsecutiveErrors,
-    DuplicateCalls,
-    FinalTurn,
-    GuardConfig,
-    LoopDetection,
-    MaxTurns,
-    Repair,
-    SmallModel,
-    TerminalTool,
-)
-from turnkeeper.events._replay import replay
-from turnkeeper.events._report import collecting_events, report_event
-from turnkeeper.events._sqlite_log import SqliteLog
-from turnkeeper.events._state import SessionState, Status, apply_event, fold, initial_state
-from turnkeeper.events._types import (
-    AgentSpec,
-    McpServer,
-    Message,
-    ToolResult,
-    ToolSpec,
-    ToolUse,
-    Usage,
-)
 
 __all__ = [
-    "AgentSpec",
     "AnyEvent",
-    "Budget",
     "Cancelled",
-    "ChatError",
     "ChatFailed",
     "ChatRetried",
-    "ConsecutiveErrors",
     "DirectiveInjected",
-    "DuplicateCalls",
     "DuplicateToolCall",
     "Envelope",
     "Event",
-    "EventLog",
     "Failed",
-    "FinalTurn",
-    "GuardConfig",
     "Halted",
-    "InputError",
-    "JsonlLog",
-    "JsonlRead",
-    "LogCorrupt",
-    "LogError",
-    "LoopDetection",
-    "MaxTurns",
     "McpFailed",
-    "McpServer",
-    "MemoryLog",
-    "Message",
     "MessageQueued",
     "MessageReceived",
     "ModelResponded",
-    "Repair",
-    "ReplayError",
     "ReplyReplaced",
-    "SeqConflict",
-    "SeqError",
     "SessionOpened",
-    "SessionState",
-    "SmallModel",
-    "SqliteLog",
-    "Status",
-    "TerminalTool",
     "TerminalToolCalled",
     "ToolCalled",
-    "ToolResult",
     "ToolResultsReceived",
     "ToolReturned",
-    "ToolSpec",
-    "ToolUse",
-    "TornTail",
-    "TurnkeeperError",
-    "UnloggableEvent",
-    "Usage",
-    "apply_event",
-    "check_sequence",
-    "collecting_events",
     "decode_envelope",
-    "decode_jsonl",
+    "decode_envelopes",
     "encode_envelope",
-    "encode_jsonl",
-    "fold",
-    "initial_state",
-    "read_jsonl",
-    "replay",
-    "report_event",
-    "write_jsonl",
 ]

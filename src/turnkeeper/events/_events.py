@@ -6,8 +6,7 @@ from typing import Annotated, Any
 
 import msgspec
 
-from turnkeeper.events._policy import GuardConfig
-from turnkeeper.events._types import AgentSpec, Message, ToolResult, Usage
+from turnkeeper.core import AgentSpec, GuardConfig, Message, ToolResult, Usage
 
 
 class Event(msgspec.Struct, frozen=True, gc=False, tag_field="type"):

@@ -1,6 +1,6 @@
 """Guards: pure functions from a view of a poll to a verdict, and their composition."""
 
-from turnkeeper.events._policy import (
+from turnkeeper.core import (
     Budget,
     ConsecutiveErrors,
     DuplicateCalls,
@@ -21,6 +21,7 @@ from turnkeeper.guards._builtin import (
     max_turns,
     repair,
     terminal_tool,
+    with_last_result,
 )
 from turnkeeper.guards._compose import compose
 from turnkeeper.guards._small_model import correct_reply, restate_request, resume_next_step, window
@@ -85,4 +86,5 @@ __all__ = [
     "resume_next_step",
     "terminal_tool",
     "window",
+    "with_last_result",
 ]

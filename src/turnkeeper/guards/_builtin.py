@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import msgspec
 
-from turnkeeper._jsonschema import coerce, validate
-from turnkeeper.events import SessionState
-from turnkeeper.events._calls import reply_problem
-from turnkeeper.events._messages import (
+from turnkeeper.core import (
+    FINAL_TURN_LEAD,
     call_key,
+    coerce,
     gist,
     key_arguments,
     last_tool_result,
+    reply_problem,
+    validate,
 )
-from turnkeeper.events._policy import FINAL_TURN_LEAD
 from turnkeeper.guards._view import (
     CONTINUE,
     Directive,
@@ -24,6 +24,7 @@ from turnkeeper.guards._view import (
     Verdict,
     acts_in,
 )
+from turnkeeper.state import SessionState
 
 
 def with_last_result(state: SessionState, lead: str) -> str:

@@ -13,9 +13,9 @@ import re
 
 import msgspec
 
-from turnkeeper.events import Message, SessionState
-from turnkeeper.events._messages import gist, text_of
+from turnkeeper.core import Message, gist, text_of
 from turnkeeper.guards._view import CONTINUE, Directive, GuardView, Verdict, acts_in
+from turnkeeper.state import SessionState
 
 NEXT_STEP = "Continue with the next step for my request."
 CORRECTION = "Correction: "

@@ -7,7 +7,8 @@ from typing import Literal
 
 import msgspec
 
-from turnkeeper.events import Message, SessionState, ToolResult, ToolUse, Usage
+from turnkeeper.core import Message, ToolResult, ToolUse, Usage
+from turnkeeper.state import SessionState
 
 Phase = Literal["before_call", "after_response"]
 

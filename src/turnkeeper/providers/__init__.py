@@ -1,9 +1,13 @@
 """Chat backends and what wraps them: the chat type, retry, and a scripted backend for tests."""
 
-from turnkeeper.providers._chat import Chat, error_for_status, parse_retry_after
+from turnkeeper.core import Chat
+from turnkeeper.providers._chat import error_for_status, parse_retry_after
 from turnkeeper.providers._embedded import EmbeddedChat, EmbeddedUnavailable
 from turnkeeper.providers._inline import InlineTools
 from turnkeeper.providers._openai import OpenAIChat, aclose_shared_client
+from turnkeeper.providers._parse import ParsedCall, ParsedReply, parse_tool_calls
+from turnkeeper.providers._ranking import SCHEMA_BUDGET, compact_schema, rank_tools
+from turnkeeper.providers._report import collecting_events, report_event
 from turnkeeper.providers._retry import with_retry
 from turnkeeper.providers._scripted import (
     ScriptedChat,
@@ -22,11 +26,14 @@ from turnkeeper.providers._shaping import (
 )
 
 __all__ = [
+    "SCHEMA_BUDGET",
     "Chat",
     "EmbeddedChat",
     "EmbeddedUnavailable",
     "InlineTools",
     "OpenAIChat",
+    "ParsedCall",
+    "ParsedReply",
     "ScriptExhausted",
     "ScriptItem",
     "ScriptedChat",
@@ -34,8 +41,13 @@ __all__ = [
     "ToolCallSpec",
     "aclose_shared_client",
     "approx_tokens",
+    "collecting_events",
+    "compact_schema",
     "error_for_status",
     "parse_retry_after",
+    "parse_tool_calls",
+    "rank_tools",
+    "report_event",
     "text_response",
     "tool_response",
     "with_prompt_fitting",

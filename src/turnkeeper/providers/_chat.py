@@ -4,17 +4,9 @@ from __future__ import annotations
 
 import email.utils
 import re
-from collections.abc import Awaitable, Callable
 from datetime import UTC
-from typing import Any, TypeAlias
 
-from turnkeeper.events import ChatError
-
-Chat: TypeAlias = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
-"""A chat backend: `async def chat(request) -> response`, both OpenAI chat-completions shaped.
-
-On failure it raises `ChatError`, with `transient=True` when the same request may succeed later.
-"""
+from turnkeeper.core import ChatError
 
 _DELTA_SECONDS = re.compile(r"[0-9]+(?:\.[0-9]+)?")
 

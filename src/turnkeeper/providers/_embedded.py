@@ -18,7 +18,7 @@ import anyio.lowlevel
 import anyio.to_thread
 import msgspec
 
-from turnkeeper.events import ChatError, InputError, TurnkeeperError
+from turnkeeper.core import ChatError, InputError, TurnkeeperError
 from turnkeeper.providers._inline import InlineTools
 from turnkeeper.providers._shaping import approx_tokens, with_prompt_fitting, with_tool_ranking
 

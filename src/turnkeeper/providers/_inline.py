@@ -19,10 +19,8 @@ import json
 import re
 from typing import Any, Final
 
-from turnkeeper.events._messages import MAX_ARGUMENT_DEPTH, MAX_JSON_DEPTH, nests_deeper
-from turnkeeper.events._policy import FINAL_TURN_LEAD
-from turnkeeper.providers._chat import Chat
-from turnkeeper.tools import ParsedCall, ParsedReply, parse_tool_calls
+from turnkeeper.core import FINAL_TURN_LEAD, MAX_ARGUMENT_DEPTH, MAX_JSON_DEPTH, Chat, nests_deeper
+from turnkeeper.providers._parse import ParsedCall, ParsedReply, parse_tool_calls
 
 FINAL_TURN_PREFIX: Final = FINAL_TURN_LEAD.rstrip(".")
 """How the final-turn directive begins; on it the reply is constrained to an answer."""

@@ -13,9 +13,7 @@ import anyio.lowlevel
 import httpx
 import msgspec
 
-from turnkeeper.events import ChatError, InputError
-from turnkeeper.events._messages import MAX_JSON_DEPTH, nests_deeper
-from turnkeeper.events._text import encodes
+from turnkeeper.core import MAX_JSON_DEPTH, ChatError, InputError, encodes, nests_deeper
 from turnkeeper.providers._chat import error_for_status, parse_retry_after
 
 _KEY_VARIABLES = ("TURNKEEPER_API_KEY", "OPENAI_API_KEY")

@@ -10,8 +10,9 @@ from typing import Any
 
 import anyio
 
-from turnkeeper.events import ChatError, ChatRetried, InputError, report_event
-from turnkeeper.providers._chat import Chat
+from turnkeeper.core import Chat, ChatError, InputError
+from turnkeeper.events import ChatRetried
+from turnkeeper.providers._report import report_event
 
 
 def with_retry(

@@ -8,7 +8,7 @@ from typing import Any, TypeAlias
 
 import msgspec
 
-from turnkeeper.events import InputError, TurnkeeperError, Usage
+from turnkeeper.core import InputError, TurnkeeperError, Usage
 
 ScriptItem: TypeAlias = (
     dict[str, Any]

@@ -15,10 +15,8 @@ from typing import Any, TypeAlias
 import anyio
 import msgspec
 
-from turnkeeper.events import ChatError, InputError, Message, ToolSpec
-from turnkeeper.events._messages import text_of
-from turnkeeper.providers._chat import Chat
-from turnkeeper.tools._ranking import compact_schema, rank_tools
+from turnkeeper.core import Chat, ChatError, InputError, Message, ToolSpec, text_of
+from turnkeeper.providers._ranking import compact_schema, rank_tools
 
 __all__ = [
     "TokenCounter",

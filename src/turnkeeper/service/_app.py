@@ -18,9 +18,8 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from turnkeeper.events import InputError, LogError
-from turnkeeper.events._log import LARGEST_SEQ
-from turnkeeper.events._messages import MAX_JSON_DEPTH, nests_deeper
+from turnkeeper.core import MAX_JSON_DEPTH, InputError, LogError, nests_deeper
+from turnkeeper.logs import LARGEST_SEQ
 from turnkeeper.service._auth import BearerAuth, check_token
 from turnkeeper.service._errors import ApiError, error_response, validation_error
 from turnkeeper.service._limits import DEFAULT_LIMITS, Limits

@@ -8,7 +8,7 @@ import secrets
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from turnkeeper.events import InputError
+from turnkeeper.core import InputError
 from turnkeeper.service._errors import error_response
 
 TOKEN_VARIABLE = "TURNKEEPER_TOKEN"

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 import msgspec
 from starlette.responses import Response
 
-from turnkeeper.events import TurnkeeperError
+from turnkeeper.core import TurnkeeperError
 from turnkeeper.service._schemas import ErrorBody, ErrorDetail
 
 _AT = re.compile(r" - at `\$(?P<path>[^`]*)`$")

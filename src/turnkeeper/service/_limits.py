@@ -6,7 +6,7 @@ import math
 
 import msgspec
 
-from turnkeeper.events import InputError
+from turnkeeper.core import InputError
 
 
 class Limits(msgspec.Struct, frozen=True, kw_only=True):

@@ -7,7 +7,7 @@ from typing import Any
 
 import msgspec
 
-from turnkeeper.events._log import LARGEST_SEQ
+from turnkeeper.logs import LARGEST_SEQ
 from turnkeeper.service._limits import Limits
 from turnkeeper.service._schemas import (
     Created,

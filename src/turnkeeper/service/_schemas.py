@@ -6,7 +6,8 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from turnkeeper.events import AgentSpec, Envelope, GuardConfig, ToolResult
+from turnkeeper.core import AgentSpec, GuardConfig, ToolResult
+from turnkeeper.events import Envelope
 from turnkeeper.sessions import SessionInfo
 
 SessionId = Annotated[

@@ -17,13 +17,14 @@ from hypercorn.trio.run import worker_serve
 from hypercorn.typing import ASGIFramework
 from hypercorn.utils import wrap_app
 
-from turnkeeper.events import InputError, SqliteLog
+from turnkeeper.core import InputError
+from turnkeeper.logs import SqliteLog
 from turnkeeper.service._app import create_app
 from turnkeeper.service._auth import resolve_token
 from turnkeeper.service._limits import DEFAULT_LIMITS, Limits
 from turnkeeper.service._logging import log as _log
 from turnkeeper.sessions import Chat, Host
-from turnkeeper.tools._handlers import Tools
+from turnkeeper.tools import Tools
 
 # Orchestrators open many connections at once; hypercorn's default backlog is 100.
 _BACKLOG = 1024

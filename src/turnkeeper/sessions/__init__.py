@@ -1,16 +1,6 @@
 """Sessions: state, inputs, poll_turn, normalize, and running a session to completion."""
 
-from turnkeeper.events import (
-    AgentSpec,
-    ChatError,
-    SessionState,
-    Status,
-    ToolResult,
-    ToolSpec,
-    ToolUse,
-    Usage,
-)
-from turnkeeper.providers._chat import Chat
+from turnkeeper.core import AgentSpec, Chat, ChatError, ToolResult, ToolSpec, ToolUse, Usage
 from turnkeeper.sessions._host import (
     Busy,
     Host,
@@ -35,6 +25,7 @@ from turnkeeper.sessions._poll import (
 )
 from turnkeeper.sessions._recheck import Divergence, recheck
 from turnkeeper.sessions._run import EventCallback, RunResult, TurnGuard, run
+from turnkeeper.state import SessionState, Status
 
 __all__ = [
     "AgentSpec",

@@ -21,40 +21,39 @@ import anyio.abc
 import msgspec
 import structlog
 
-from turnkeeper.events import (
+from turnkeeper.core import (
     AgentSpec,
-    AnyEvent,
-    Cancelled,
     ChatError,
-    ChatFailed,
-    Envelope,
-    Failed,
     GuardConfig,
     InputError,
     LogCorrupt,
     LogError,
-    McpFailed,
-    MessageQueued,
     ReplayError,
-    SeqConflict,
     SeqError,
-    SessionState,
-    ToolCalled,
     ToolResult,
-    ToolReturned,
     ToolUse,
     TurnkeeperError,
     UnloggableEvent,
     Usage,
-    collecting_events,
-    replay,
+    check_count,
+    check_seconds,
+    gc_paused,
+    text_of,
 )
-from turnkeeper.events._checks import check_count, check_seconds
-from turnkeeper.events._gc import gc_paused
-from turnkeeper.events._log import LARGEST_SEQ, EventLog, check_batch
-from turnkeeper.events._memory_log import MemoryLog
-from turnkeeper.events._messages import text_of
+from turnkeeper.events import (
+    AnyEvent,
+    Cancelled,
+    ChatFailed,
+    Envelope,
+    Failed,
+    McpFailed,
+    MessageQueued,
+    ToolCalled,
+    ToolReturned,
+)
 from turnkeeper.guards import Guard, default_guards
+from turnkeeper.logs import LARGEST_SEQ, EventLog, MemoryLog, SeqConflict, check_batch
+from turnkeeper.providers import collecting_events
 from turnkeeper.sessions._inputs import Input, Kickoff, Resume, UserMessage
 from turnkeeper.sessions._open import open_session
 from turnkeeper.sessions._poll import (
@@ -69,7 +68,10 @@ from turnkeeper.sessions._poll import (
 )
 from turnkeeper.sessions._rebuild import rebuilt_on, runs_by_page
 from turnkeeper.sessions._slots import Slots
-from turnkeeper.tools._handlers import (
+from turnkeeper.state import SessionState, replay
+from turnkeeper.tools import (
+    McpPool,
+    McpTools,
     ToolContext,
     Tools,
     as_handler,
@@ -79,14 +81,7 @@ from turnkeeper.tools._handlers import (
     run_each,
     run_tool,
 )
-from turnkeeper.tools._mcp import McpPool, McpTools
-from turnkeeper.tracing._hooks import (
-    AgentSpan,
-    agent_span,
-    capture_context,
-    tool_span,
-    traced_chat,
-)
+from turnkeeper.tracing import AgentSpan, agent_span, capture_context, tool_span, traced_chat
 
 HostStatus = Literal[
     "running", "requires_action", "idle", "errored", "halted", "failed", "cancelled"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from turnkeeper.events import ToolResult, ToolUse
+from turnkeeper.core import ToolResult, ToolUse
 
 
 class Kickoff(msgspec.Struct, frozen=True):

@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from turnkeeper.core import ToolUse, Usage, text_of, tool_uses_of
 from turnkeeper.events import (
     DirectiveInjected,
     DuplicateToolCall,
@@ -15,10 +16,7 @@ from turnkeeper.events import (
     ModelResponded,
     ReplyReplaced,
     TerminalToolCalled,
-    ToolUse,
-    Usage,
 )
-from turnkeeper.events._messages import text_of, tool_uses_of
 
 Terminal = Literal["requires_action", "end_turn", "terminated"]
 

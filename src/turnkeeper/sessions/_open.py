@@ -8,10 +8,9 @@ from typing import Any
 
 import msgspec
 
-from turnkeeper.events import AgentSpec, GuardConfig, InputError, SessionOpened, SessionState
-from turnkeeper.events._policy import check_guards
-from turnkeeper.events._state import initial_state
-from turnkeeper.events._types import check_spec
+from turnkeeper.core import AgentSpec, GuardConfig, InputError, check_guards, check_spec
+from turnkeeper.events import SessionOpened
+from turnkeeper.state import SessionState, initial_state
 
 _encoder = msgspec.json.Encoder()
 _opened = msgspec.json.Decoder(SessionOpened)

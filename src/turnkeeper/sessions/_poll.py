@@ -14,36 +14,40 @@ from typing import Any
 
 import msgspec
 
+from turnkeeper.core import (
+    MAX_JSON_DEPTH,
+    ChatError,
+    InputError,
+    Message,
+    ToolResult,
+    ToolSpec,
+    ToolUse,
+    Usage,
+    is_unreadable,
+    nests_deeper,
+    text_of,
+    tool_uses_of,
+)
+from turnkeeper.core import Chat as Chat
 from turnkeeper.events import (
     AnyEvent,
-    ChatError,
     ChatFailed,
     DirectiveInjected,
     DuplicateToolCall,
     Envelope,
     Halted,
-    InputError,
-    Message,
     MessageReceived,
     ModelResponded,
     ReplyReplaced,
     SessionOpened,
-    SessionState,
     TerminalToolCalled,
-    ToolResult,
     ToolResultsReceived,
-    ToolSpec,
-    ToolUse,
-    Usage,
-    apply_event,
-    collecting_events,
 )
-from turnkeeper.events._calls import is_unreadable
-from turnkeeper.events._messages import MAX_JSON_DEPTH, nests_deeper, text_of, tool_uses_of
 from turnkeeper.guards import Guard, GuardView, Reply, default_guards, window
-from turnkeeper.providers._chat import Chat as Chat
+from turnkeeper.providers import collecting_events
 from turnkeeper.sessions._inputs import Input, Kickoff, Resume, UserMessage
 from turnkeeper.sessions._plain import is_plain_json
+from turnkeeper.state import SessionState, apply_event
 
 _json = msgspec.json.Encoder()
 _decode = msgspec.json.Decoder(dict[str, Any]).decode

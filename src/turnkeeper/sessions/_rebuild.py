@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 
-from turnkeeper.events import Envelope, EventLog, LogError, SessionState, fold, replay
+from turnkeeper.core import LogError
+from turnkeeper.events import Envelope
+from turnkeeper.logs import EventLog
+from turnkeeper.state import SessionState, fold, replay
 
 # Events read at a time: enough that a read's own costs are nothing beside decoding
 # them, few enough that a page (about 300 bytes of JSON per event, a few times that

@@ -11,35 +11,28 @@ from collections.abc import Sequence
 
 import msgspec
 
+from turnkeeper.core import ChatError, GuardConfig, InputError, ReplayError, check_guards
 from turnkeeper.events import (
     AnyEvent,
-    ChatError,
     ChatFailed,
     ChatRetried,
     DirectiveInjected,
     DuplicateToolCall,
     Envelope,
-    GuardConfig,
     Halted,
-    InputError,
     MessageQueued,
     MessageReceived,
     ModelResponded,
-    ReplayError,
     ReplyReplaced,
     SessionOpened,
-    SessionState,
     TerminalToolCalled,
     ToolResultsReceived,
-    apply_event,
-    initial_state,
-    replay,
 )
-from turnkeeper.events._policy import check_guards
 from turnkeeper.guards import Guard, default_guards
 from turnkeeper.sessions._inputs import Input, Resume, UserMessage
 from turnkeeper.sessions._poll import begin_poll, end_poll
 from turnkeeper.sessions._run import RUNNER_HALTS
+from turnkeeper.state import SessionState, apply_event, initial_state, replay
 
 
 class Divergence(msgspec.Struct, frozen=True):

@@ -12,33 +12,28 @@ from typing import Any
 import anyio
 import msgspec
 
-from turnkeeper.events import (
+from turnkeeper.core import (
     AgentSpec,
-    AnyEvent,
+    Chat,
     ChatError,
-    Envelope,
     GuardConfig,
-    Halted,
     InputError,
     Message,
-    ModelResponded,
-    SessionState,
     TerminalTool,
-    ToolCalled,
     ToolResult,
-    ToolReturned,
     ToolUse,
     Usage,
-    fold,
 )
-from turnkeeper.guards import Guard, default_guards
-from turnkeeper.guards._builtin import with_last_result
-from turnkeeper.providers._chat import Chat
+from turnkeeper.events import AnyEvent, Envelope, Halted, ModelResponded, ToolCalled, ToolReturned
+from turnkeeper.guards import Guard, default_guards, with_last_result
 from turnkeeper.sessions._inputs import Input, Kickoff, Resume
 from turnkeeper.sessions._normalize import Terminal, TurnResult, normalize
 from turnkeeper.sessions._open import open_session
 from turnkeeper.sessions._poll import begin_poll, emit, opened_event, poll_turn
-from turnkeeper.tools._handlers import (
+from turnkeeper.state import SessionState, fold
+from turnkeeper.tools import (
+    McpPool,
+    McpTools,
     ToolContext,
     ToolHandler,
     Tools,
@@ -48,8 +43,7 @@ from turnkeeper.tools._handlers import (
     run_each,
     run_tool,
 )
-from turnkeeper.tools._mcp import McpPool, McpTools
-from turnkeeper.tracing._hooks import AgentSpan, agent_span, tool_span, traced_chat
+from turnkeeper.tracing import AgentSpan, agent_span, tool_span, traced_chat
 
 TurnGuard = Callable[[Usage, int], str | None]
 """Called after each model call with the run's usage and model calls so far; a returned

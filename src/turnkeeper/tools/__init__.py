@@ -1,6 +1,6 @@
-"""Tools: reading tool calls from text replies, argument validation, and in-process handlers."""
+"""Tools: argument validation, in-process handlers, MCP servers, and the example tools."""
 
-from turnkeeper._jsonschema import coerce, validate
+from turnkeeper.core import coerce, validate
 from turnkeeper.tools._examples import EXAMPLE_TOOLS
 from turnkeeper.tools._handlers import (
     ToolContext,
@@ -10,16 +10,17 @@ from turnkeeper.tools._handlers import (
     as_handler,
     check_call,
     coerce_call,
+    handled_as_error,
+    run_each,
     run_tool,
 )
-from turnkeeper.tools._parse import ParsedCall, ParsedReply, parse_tool_calls
-from turnkeeper.tools._ranking import SCHEMA_BUDGET, compact_schema, rank_tools
+from turnkeeper.tools._mcp import McpError, McpPool, McpTools, mcp_servers_from_commands
 
 __all__ = [
     "EXAMPLE_TOOLS",
-    "SCHEMA_BUDGET",
-    "ParsedCall",
-    "ParsedReply",
+    "McpError",
+    "McpPool",
+    "McpTools",
     "ToolContext",
     "ToolFunctions",
     "ToolHandler",
@@ -28,9 +29,9 @@ __all__ = [
     "check_call",
     "coerce",
     "coerce_call",
-    "compact_schema",
-    "parse_tool_calls",
-    "rank_tools",
+    "handled_as_error",
+    "mcp_servers_from_commands",
+    "run_each",
     "run_tool",
     "validate",
 ]

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from turnkeeper.events import InputError, ToolSpec
+from turnkeeper.core import InputError, ToolSpec
 
 _MAX_EXPRESSION = 500  # characters
 _MAX_EXPONENT = 1000

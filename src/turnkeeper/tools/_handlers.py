@@ -10,10 +10,15 @@ from typing import Any
 import anyio
 import msgspec
 
-from turnkeeper._jsonschema import coerce
-from turnkeeper.events import AgentSpec, InputError, ToolResult, ToolUse
-from turnkeeper.events._calls import call_problem
-from turnkeeper.events._text import loggable
+from turnkeeper.core import (
+    AgentSpec,
+    InputError,
+    ToolResult,
+    ToolUse,
+    call_problem,
+    coerce,
+    loggable,
+)
 
 
 class ToolContext(msgspec.Struct, frozen=True):

@@ -21,9 +21,16 @@ import anyio
 import msgspec
 from anyio.abc import TaskGroup
 
-from turnkeeper.events import AgentSpec, InputError, ToolResult, ToolSpec, ToolUse
-from turnkeeper.events._events import McpFailed
-from turnkeeper.events._types import McpServer, check_tool
+from turnkeeper.core import (
+    AgentSpec,
+    InputError,
+    McpServer,
+    ToolResult,
+    ToolSpec,
+    ToolUse,
+    check_tool,
+)
+from turnkeeper.events import McpFailed
 from turnkeeper.tools._handlers import ToolContext, check_call
 
 if TYPE_CHECKING:

@@ -17,7 +17,7 @@ from anyio.abc import TaskStatus
 from mcp import Client, MCPError, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
-from turnkeeper.events._types import McpServer
+from turnkeeper.core import McpServer
 
 _VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _MAX_PAGES = 100  # of a tool listing, so a server that paginates forever cannot hang a start

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from turnkeeper.events import TurnkeeperError
+from turnkeeper.core import TurnkeeperError
 from turnkeeper.tracing._hooks import (
     AgentSpan,
     ChatSpan,

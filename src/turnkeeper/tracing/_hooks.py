@@ -7,9 +7,9 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Protocol
 
-from turnkeeper.events import Envelope, SessionState, ToolResult, ToolSpec, ToolUse
-from turnkeeper.events._events import McpFailed
-from turnkeeper.providers._chat import Chat
+from turnkeeper.core import Chat, ToolResult, ToolSpec, ToolUse
+from turnkeeper.events import Envelope, McpFailed
+from turnkeeper.state import SessionState
 
 
 class AgentSpan(Protocol):

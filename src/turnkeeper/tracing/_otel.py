@@ -13,20 +13,16 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
+from turnkeeper.core import ChatError, ToolResult, ToolSpec, ToolUse, decode_arguments, text_of
 from turnkeeper.events import (
-    ChatError,
     ChatRetried,
     DirectiveInjected,
     DuplicateToolCall,
     Envelope,
     Halted,
-    SessionState,
-    ToolResult,
-    ToolSpec,
-    ToolUse,
+    McpFailed,
 )
-from turnkeeper.events._events import McpFailed
-from turnkeeper.events._messages import decode_arguments, text_of
+from turnkeeper.state import SessionState
 
 _json = msgspec.json.Encoder()
 

@@ -1,1 +1,0 @@
-"""The `turnkeeper` command's parts; `turnkeeper.cli` is its entry point."""

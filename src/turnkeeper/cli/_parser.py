@@ -1,0 +1,172 @@
+"""The command line: subcommands, their options, and one-line errors for bad arguments."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+from typing import NoReturn
+
+from turnkeeper.core import InputError
+
+
+class UsageError(InputError):
+    """The command line is wrong; the message is the one line to show."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: error: {message} (see {self.prog} --help)")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number from 0 to 65535, got {text!r}")
+    return value
+
+
+def _text(what: str) -> Callable[[str], str]:
+    def check(text: str) -> str:
+        if not text.strip():
+            raise argparse.ArgumentTypeError(f"expected {what}, got an empty string")
+        return text
+
+    return check
+
+
+def _backend_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--base-url",
+        type=_text("a URL"),
+        metavar="URL",
+        help="an OpenAI-compatible API root, e.g. http://127.0.0.1:8080/v1 (key from "
+        "TURNKEEPER_API_KEY or OPENAI_API_KEY); default: the embedded model",
+    )
+    parser.add_argument(
+        "--model",
+        type=_text("a model"),
+        metavar="M",
+        help="the model name sent to --base-url; without it, a GGUF file to run embedded "
+        "(default: SmolLM2-135M-Instruct)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `turnkeeper` argument parser."""
+    parser = _Parser(
+        prog="turnkeeper",
+        description="Run, replay and serve LLM tool-calling agent sessions.",
+        epilog="Exit codes: 0 answered / same outcome, 1 stopped without an answer / outcome "
+        "would differ, 2 bad arguments, 3 the model failed, 130 interrupted.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = commands.add_parser(
+        "run", help="run one session in the terminal", description="Run one session, live."
+    )
+    run.add_argument("prompt", type=_text("a prompt"), help="what to ask")
+    _backend_options(run)
+    run.add_argument(
+        "--tools",
+        type=_text("MODULE:OBJECT"),
+        metavar="MODULE:OBJECT",
+        help="the tools: a list of (ToolSpec, async function) pairs and at most one bare "
+        "ToolSpec, the terminal tool; default: the example tools",
+    )
+    run.add_argument("--system", metavar="PROMPT", help="the system prompt")
+    run.add_argument(
+        "--max-turns", type=_positive_int, default=10, metavar="N", help="model calls (default 10)"
+    )
+    run.add_argument(
+        "--require-terminal-tool",
+        action="store_true",
+        help="the run must end by calling the terminal tool",
+    )
+    run.add_argument(
+        "--guards",
+        type=_text("a JSON object or file"),
+        metavar="CONFIG",
+        help="guard settings to change, as JSON or a JSON file, e.g. "
+        '\'{"loop": null, "budget": {"max_tokens": 20000}}\' (null turns a guard off)',
+    )
+    run.add_argument("--timeout", type=_seconds, metavar="S", help="stop after S seconds")
+    run.add_argument(
+        "--log", type=_text("a path"), metavar="PATH", help="record the session (.jsonl or SQLite)"
+    )
+    run.add_argument("--json", action="store_true", help="print every event as JSON Lines instead")
+    run.add_argument(
+        "--mcp",
+        action="append",
+        default=[],
+        metavar="'CMD ARGS'",
+        help="an MCP server to start (stdio) and take tools from; may be repeated",
+    )
+
+    replay = commands.add_parser(
+        "replay",
+        help="rebuild a logged session; re-check it under other guards",
+        description="Rebuild a session from its log and print its history and outcome.",
+    )
+    replay.add_argument("log", type=_text("a path"), metavar="LOG", help="a .jsonl or SQLite log")
+    replay.add_argument("--session", type=_text("a session id"), metavar="ID")
+    replay.add_argument(
+        "--guards",
+        type=_text("a JSON object or file"),
+        metavar="CONFIG",
+        help="guard settings to change from the logged ones (JSON, or a JSON file): report "
+        "the first poll where the outcome would differ, without calling any model",
+    )
+
+    sessions = commands.add_parser("sessions", help="list the sessions in a log, or show one")
+    sessions.add_argument("session", nargs="?", type=_text("a session id"), metavar="ID")
+    sessions.add_argument("--log", type=_text("a path"), required=True, metavar="PATH")
+
+    export = commands.add_parser("export", help="write a session (or all) as JSON Lines")
+    export.add_argument("--log", type=_text("a path"), required=True, metavar="PATH")
+    export.add_argument("--session", type=_text("a session id"), metavar="ID")
+    export.add_argument(
+        "-o", "--output", type=_text("a path"), metavar="FILE", help="default: standard output"
+    )
+
+    serve = commands.add_parser("serve", help="serve the HTTP API for orchestrators")
+    serve.add_argument("--host", type=_text("a host"), default="127.0.0.1")
+    serve.add_argument("--port", type=_port, default=8000)
+    serve.add_argument(
+        "--log",
+        type=_text("a path"),
+        default="turnkeeper.sqlite",
+        metavar="PATH",
+        help="the SQLite event log (default: turnkeeper.sqlite)",
+    )
+    _backend_options(serve)
+    serve.add_argument(
+        "--token-file",
+        type=_text("a path"),
+        metavar="PATH",
+        help="a file holding the bearer token (default: TURNKEEPER_TOKEN, else a new one)",
+    )
+    return parser

@@ -1,0 +1,181 @@
+"""Human-readable lines for events, histories and outcomes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any, assert_type
+
+import msgspec
+
+from turnkeeper.core import AgentSpec, Message, text_of, tool_uses_of
+from turnkeeper.events import (
+    Cancelled,
+    ChatFailed,
+    ChatRetried,
+    DirectiveInjected,
+    DuplicateToolCall,
+    Envelope,
+    Failed,
+    Halted,
+    McpFailed,
+    MessageQueued,
+    MessageReceived,
+    ModelResponded,
+    ReplyReplaced,
+    SessionOpened,
+    TerminalToolCalled,
+    ToolCalled,
+    ToolResultsReceived,
+    ToolReturned,
+)
+from turnkeeper.state import SessionState
+
+_GIST = 200  # characters of a text shown on one line
+_compact = msgspec.json.Encoder()
+_MCP_REASONS = {
+    "start_failed": "could not start",
+    "died": "went away",
+    "timeout": "timed out",
+    "error": "broke the protocol",
+}
+
+
+def gist(text: str | None, limit: int = _GIST) -> str:
+    """`text` on one line, cut to `limit` characters."""
+    flat = " ".join((text or "").split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+def _json(value: Any) -> str:
+    try:
+        return _compact.encode(value).decode()
+    except (TypeError, ValueError, OverflowError, msgspec.EncodeError):
+        return repr(value)
+
+
+def _calls(message: Message) -> str:
+    try:
+        uses = tool_uses_of(message)
+    except TypeError:
+        return "malformed tool calls"
+    return ", ".join(f"{use.name}({_json(use.input)})" for use in uses)
+
+
+def opened_line(session_id: str, spec: AgentSpec) -> str:
+    """The line saying a session opened, with its model and tools."""
+    tools = ", ".join(tool.name for tool in spec.tools) or "none"
+    return f"session {session_id} (model {spec.model}; tools: {tools})"
+
+
+def user_line(text: str) -> str:
+    """The line showing a user message."""
+    return f"user: {gist(text)}"
+
+
+def step_line(envelope: Envelope) -> str | None:
+    """One line saying what `envelope` did, or None for an event not worth a line."""
+    event = envelope.event
+    if isinstance(event, SessionOpened):
+        return opened_line(envelope.session_id, event.spec)
+    if isinstance(event, MessageReceived):
+        return user_line(event.text)
+    if isinstance(event, MessageQueued):
+        return f"queued: {gist(event.text)}"
+    if isinstance(event, DirectiveInjected):
+        return f"guard {event.guard}: {gist(event.text)}"
+    if isinstance(event, ModelResponded):
+        usage = f"[{event.usage.prompt_tokens}+{event.usage.completion_tokens} tokens]"
+        if event.message.get("tool_calls"):
+            return f"model: calls {gist(_calls(event.message))} {usage}"
+        said = gist(text_of(event.message)) or "(no text)"
+        stopped = "" if event.finish_reason == "stop" else f" (stopped: {event.finish_reason})"
+        return f"model: {said}{stopped} {usage}"
+    if isinstance(event, ReplyReplaced):
+        return f"guard {event.guard}: answer replaced with: {gist(event.text)}"
+    if isinstance(event, McpFailed):
+        what = _MCP_REASONS.get(event.reason, event.reason)
+        tool = f" (calling {event.tool})" if event.tool else ""
+        return f"MCP server {event.server} {what}{tool}: {gist(event.error)}"
+    if isinstance(event, DuplicateToolCall):
+        return f"guard duplicates: {event.name}({gist(event.arguments)}) repeats an earlier call"
+    if isinstance(event, ChatRetried):
+        return f"retry {event.attempt} in {event.delay:.1f} s: {gist(event.error)}"
+    if isinstance(event, ChatFailed):
+        return f"model failed: {gist(event.error)}"
+    if isinstance(event, ToolCalled):
+        return f"tool {event.name}({gist(_json(event.input))})"
+    if isinstance(event, ToolReturned):
+        return f"  {'error' if event.is_error else '->'} {gist(event.text)}"
+    if isinstance(event, Halted):
+        return f"halted by {event.guard} ({event.reason}): {gist(event.message)}"
+    if isinstance(event, TerminalToolCalled):
+        return f"finished with {event.name}({gist(_json(event.result))})"
+    if isinstance(event, Cancelled):
+        return f"cancelled: {gist(event.reason)}"
+    if isinstance(event, Failed):
+        return f"failed: {gist(event.error)}"
+    assert_type(event, ToolResultsReceived)  # every other kind has its line above
+    return None
+
+
+def _indented(text: str) -> str:
+    """`text` with its lines after the first indented, so each block reads as one."""
+    return "\n".join(f"  {line}" if line.strip() else "" for line in text.splitlines()).strip()
+
+
+def history_lines(history: Sequence[Message]) -> Iterator[str]:
+    """Each message of a history, in full, one block per message."""
+    for message in history:
+        role = message.get("role", "?")
+        text = text_of(message)
+        if role == "assistant":
+            parts = [_indented(text)] if text else []
+            if message.get("tool_calls"):
+                parts.append(f"calls {_calls(message)}")
+            yield f"assistant: {' | '.join(parts) or '(empty)'}"
+        elif role == "tool":
+            yield f"tool [{message.get('tool_call_id')}]: {_indented(text or '')}"
+        else:
+            yield f"{role}: {_indented(text or '')}"
+
+
+def answer_of(state: SessionState) -> str | None:
+    """What the session ended with: its result, halt message or last assistant text."""
+    if state.result is not None:
+        return result_text(state.result)
+    if state.halt_message is not None:
+        return state.halt_message
+    for message in reversed(state.history):
+        if message.get("role") == "assistant":
+            return text_of(message)
+    return None
+
+
+def result_text(result: dict[str, Any]) -> str:
+    """A terminal tool's result: its one text field as is, else JSON."""
+    values = list(result.values())
+    if len(values) == 1 and isinstance(values[0], str):
+        return values[0]
+    return _json(result)
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
+
+
+def outcome_lines(state: SessionState) -> Iterator[str]:
+    """The session's status, stop reason, polls and usage, then what it ended with."""
+    usage = state.usage
+    reason = f" ({state.stop_reason})" if state.stop_reason else ""
+    yield (
+        f"outcome: {state.status}{reason} after {_count(state.polls, 'model call')} this "
+        f"episode; {usage.prompt_tokens} prompt + {usage.completion_tokens} completion tokens"
+    )
+    if state.pending:
+        yield f"waiting for tool results: {', '.join(use.name for use in state.pending)}"
+    answer = answer_of(state)
+    if answer:
+        label = "result" if state.result is not None else "answer"
+        if state.halt_message is not None:
+            label = "message"
+        yield f"{label}: {_indented(answer)}"

@@ -1,0 +1,137 @@
+"""`turnkeeper run`: one session in the terminal, each step shown as it happens."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from typing import Any
+
+import msgspec
+
+from turnkeeper import tracing
+from turnkeeper.cli import _codes
+from turnkeeper.cli._backend import chat_backend
+from turnkeeper.cli._guards import parse_guards
+from turnkeeper.cli._logs import Recorder
+from turnkeeper.cli._render import result_text, step_line
+from turnkeeper.cli._toolset import example_tools, load_tools
+from turnkeeper.core import AgentSpec, Chat, GuardConfig, InputError, SmallModel
+from turnkeeper.events import Envelope, encode_envelope
+from turnkeeper.providers import aclose_shared_client
+from turnkeeper.sessions import RunResult, run
+from turnkeeper.tools import mcp_servers_from_commands
+
+SYSTEM_PROMPT = (
+    "You are a helpful assistant. Use a tool when it gives a better answer than you can "
+    "alone; otherwise answer directly. Keep answers short."
+)
+"""The system prompt when `--system` is not given."""
+
+
+class RunOptions(msgspec.Struct, frozen=True):
+    prompt: str
+    base_url: str | None
+    model: str | None
+    tools: str | None
+    system: str | None
+    max_turns: int
+    require_terminal_tool: bool
+    guards: str | None
+    timeout: float | None
+    log: str | None
+    json: bool
+    mcp: list[str] = []
+
+
+class _Output:
+    """Where a run's events go: one human line each on stderr, or JSON Lines on stdout."""
+
+    def __init__(self, json_lines: bool) -> None:
+        self.json_lines = json_lines
+
+    def _say(self, line: str) -> None:
+        if not self.json_lines:
+            print(line, file=sys.stderr, flush=True)
+
+    def model_call(self) -> None:
+        self._say("model: thinking…")
+
+    def event(self, envelope: Envelope) -> None:
+        if self.json_lines:
+            sys.stdout.buffer.write(encode_envelope(envelope) + b"\n")
+            sys.stdout.buffer.flush()
+            return
+        line = step_line(envelope)
+        if line is not None:
+            self._say(line)
+
+
+def _announcing(chat: Chat, output: _Output) -> Chat:
+    """`chat`, saying on the terminal when each model call starts (a local model is slow)."""
+
+    async def announced(request: dict[str, Any]) -> dict[str, Any]:
+        output.model_call()
+        return await chat(request)
+
+    return announced
+
+
+def exit_code(result: RunResult) -> int:
+    """OK for an answer or a terminal tool's result, else why the run stopped."""
+    if result.terminal == "end_turn":
+        return _codes.OK
+    if result.stop_reason == "chat_error":
+        return _codes.MODEL_FAILED
+    return _codes.STOPPED
+
+
+async def run_command(options: RunOptions) -> int:
+    """Run the session, print its steps and then its answer; return the exit code."""
+    tools = example_tools() if options.tools is None else load_tools(options.tools)
+    if options.require_terminal_tool and tools.terminal is None:
+        raise InputError(
+            "--require-terminal-tool: the tools have no terminal tool "
+            "(add one bare ToolSpec to the --tools list)"
+        )
+    spec = AgentSpec(
+        system_prompt=SYSTEM_PROMPT if options.system is None else options.system,
+        tools=tools.specs,
+        terminal_tool=tools.terminal,
+        model=options.model or "default",
+        mcp_servers=mcp_servers_from_commands(options.mcp),
+    )
+    tracing.configure_from_env()
+    guards = GuardConfig()
+    if options.base_url is None:
+        # The embedded model is a small one: send it a window of the history, and so on.
+        guards = GuardConfig(small_model=SmallModel())
+    if options.guards is not None:
+        guards = parse_guards(options.guards).over(guards)
+    chat = chat_backend(options.base_url, options.model)
+    output = _Output(options.json)
+    async with contextlib.AsyncExitStack() as stack:
+        recorder = None
+        if options.log is not None:
+            recorder = await stack.enter_async_context(Recorder(options.log))
+        stack.push_async_callback(aclose_shared_client)
+
+        async def on_event(envelope: Envelope) -> None:
+            if recorder is not None:
+                await recorder.record(envelope)
+            output.event(envelope)
+
+        result = await run(
+            spec,
+            options.prompt,
+            _announcing(chat, output),
+            tools=tools.functions,
+            max_turns=options.max_turns,
+            require_terminal_tool=options.require_terminal_tool,
+            guards=guards,
+            on_event=on_event,
+            timeout=options.timeout,
+        )
+    if not options.json:
+        answer = result_text(result.result) if result.result is not None else result.text
+        print(answer or f"(no answer: {result.stop_reason})", flush=True)
+    return exit_code(result)

@@ -1,0 +1,32 @@
+"""Logs: the EventLog interface, its stores (memory, JSON Lines, SQLite), and JSON Lines files."""
+
+from turnkeeper.logs._jsonl import (
+    JsonlRead,
+    TornTail,
+    check_sequence,
+    decode_jsonl,
+    encode_jsonl,
+    read_jsonl,
+    write_jsonl,
+)
+from turnkeeper.logs._jsonl_log import JsonlLog
+from turnkeeper.logs._log import LARGEST_SEQ, EventLog, SeqConflict, check_batch
+from turnkeeper.logs._memory_log import MemoryLog
+from turnkeeper.logs._sqlite_log import SqliteLog
+
+__all__ = [
+    "LARGEST_SEQ",
+    "EventLog",
+    "JsonlLog",
+    "JsonlRead",
+    "MemoryLog",
+    "SeqConflict",
+    "SqliteLog",
+    "TornTail",
+    "check_batch",
+    "check_sequence",
+    "decode_jsonl",
+    "encode_jsonl",
+    "read_jsonl",
+    "write_jsonl",
+]

@@ -1,0 +1,13 @@
+"""State: SessionState, the pure fold that advances it by one event, and replay."""
+
+from turnkeeper.state._replay import replay
+from turnkeeper.state._state import SessionState, Status, apply_event, fold, initial_state
+
+__all__ = [
+    "SessionState",
+    "Status",
+    "apply_event",
+    "fold",
+    "initial_state",
+    "replay",
+]

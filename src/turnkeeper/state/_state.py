@@ -1,0 +1,685 @@
+"""SessionState, and the pure fold that advances it by one event.
+
+Every change to a session's state is the application of one logged event, so
+folding a session's log reproduces its live state exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any, Literal
+
+import msgspec
+
+from turnkeeper.core import (
+    AgentSpec,
+    GuardConfig,
+    InputError,
+    Message,
+    ReplayError,
+    SeqError,
+    ToolResult,
+    ToolUse,
+    Usage,
+    call_key,
+    decode_tool_uses,
+    digest,
+    duplicate_content,
+    error_content,
+    key_arguments,
+    logged_unreadable,
+    text_of,
+    tool_message,
+    tool_uses_of,
+)
+from turnkeeper.events import (
+    Cancelled,
+    DirectiveInjected,
+    DuplicateToolCall,
+    Envelope,
+    Failed,
+    Halted,
+    MessageQueued,
+    MessageReceived,
+    ModelResponded,
+    ReplyReplaced,
+    SessionOpened,
+    TerminalToolCalled,
+    ToolCalled,
+    ToolResultsReceived,
+    ToolReturned,
+)
+
+Status = Literal["idle", "running", "requires_action", "halted", "cancelled", "failed"]
+"""idle: waits for a user message. running: the model should be called (again).
+requires_action: waits for the results of `pending`. halted: a guard stopped the episode."""
+
+_compact = msgspec.json.Encoder()
+
+
+class SessionState(msgspec.Struct, frozen=True, gc=False):
+    """Everything a session is, immutable. Advanced only by applying events.
+
+    `in_poll` is true between a poll's input and the model's answer: a session rebuilt
+    in that window (after a crash) makes that model call again. `reply_calls` and
+    `last_unreadable` describe the model's last reply in the episode (for the repair guard).
+    `queued` holds the messages accepted while the session was busy, oldest first.
+
+    Not tracked by the cycle collector (`gc=False`): it holds only data, which cannot
+    point back at it. A Host of 10,000 sessions makes one per event, and each would be
+    walked by the young collections it lives through.
+    """
+
+    session_id: str
+    spec: AgentSpec
+    history: tuple[Message, ...]
+    max_turns: int = 50
+    guards: GuardConfig = GuardConfig()
+    resume: bool = False
+    seq: int = 0
+    status: Status = "idle"
+    in_poll: bool = False
+    polls: int = 0
+    seen: frozenset[str] = frozenset()
+    error_counts: dict[str, int] = {}
+    pending: tuple[ToolUse, ...] = ()
+    usage: Usage = Usage()
+    episode_usage: Usage = Usage()
+    episode_started: float | None = None
+    answers: dict[str, str] = {}
+    texts: frozenset[str] = frozenset()
+    repeats: int = 0
+    warnings: int = 0
+    warned_repeats: int = 0
+    reprompts: int = 0
+    last_repeat: str | None = None
+    deferred: tuple[Message, ...] = ()
+    returned: tuple[ToolResult, ...] = ()
+    halt_message: str | None = None
+    request: str | None = None
+    last_unreadable: bool = False
+    reply_calls: tuple[ToolUse, ...] = ()
+    queued: tuple[str, ...] = ()
+    stop_reason: str | None = None
+    result: dict[str, Any] | None = None
+
+    @property
+    def model(self) -> str:
+        return self.spec.model
+
+    @property
+    def terminal_tool(self) -> str | None:
+        return self.spec.terminal_tool
+
+
+def initial_state(session_id: str, opened: SessionOpened) -> SessionState:
+    """The state a `local.session_opened` event describes, before it is logged (seq 0)."""
+    history = opened.history
+    pending, status = _pending_of(history)
+    return SessionState(
+        reply_calls=_last_reply_calls(history),
+        session_id=session_id,
+        spec=opened.spec,
+        history=history,
+        max_turns=opened.max_turns,
+        guards=opened.guards,
+        resume=opened.resume,
+        status=status,
+        pending=pending,
+    )
+
+
+def _pending_of(history: tuple[Message, ...]) -> tuple[tuple[ToolUse, ...], Status]:
+    """Tool calls of the last assistant message still unanswered, and the status that follows."""
+    if not history:
+        return (), "idle"
+    answered: set[str] = set()
+    for message in reversed(history):
+        role = message.get("role")
+        if role == "tool":
+            answered.add(str(message.get("tool_call_id")))
+            continue
+        if role == "assistant":
+            uses = _history_calls(message)
+            pending = tuple(use for use in uses if use.id not in answered)
+            if pending:
+                return pending, "requires_action"
+            return (), "running" if uses else "idle"
+        break
+    last_role = history[-1].get("role")
+    return (), "running" if last_role in ("user", "tool") else "idle"
+
+
+def _last_reply_calls(history: tuple[Message, ...]) -> tuple[ToolUse, ...]:
+    """The tool calls of the last assistant message in a reattached history."""
+    for message in reversed(history):
+        if message.get("role") == "assistant":
+            return _history_calls(message)
+    return ()
+
+
+def _history_calls(message: Message) -> tuple[ToolUse, ...]:
+    """The tool calls of an assistant message in a given history; InputError if malformed."""
+    try:
+        return tool_uses_of(message)
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise InputError(f"history: malformed assistant tool_calls ({exc!r})") from None
+
+
+def _answer(result: ToolResult) -> Message:
+    """The tool message carrying `result` to the model."""
+    content = error_content(result.text) if result.is_error else result.text
+    return tool_message(result.tool_use_id, content)
+
+
+def _closed(state: SessionState, why: str) -> tuple[Message, ...]:
+    """History with every pending call answered (by its result if it returned, else by a
+    notice that it was not run), then any deferred directives."""
+    if not state.pending:
+        return state.history + state.deferred
+    notice = _compact.encode({"skipped": True, "message": why}).decode()
+    returned = {result.tool_use_id: result for result in state.returned}
+    answers = tuple(
+        _answer(returned[use.id]) if use.id in returned else tool_message(use.id, notice)
+        for use in state.pending
+    )
+    return state.history + answers + state.deferred
+
+
+def apply_event(state: SessionState, envelope: Envelope) -> SessionState:
+    """The state after `envelope`; raises SeqError or ReplayError when it does not follow."""
+    seq = envelope.seq
+    if envelope.session_id != state.session_id or seq != state.seq + 1:
+        raise _out_of_order(state.session_id, state.seq + 1, envelope)
+    event = envelope.event
+    rule = _RULES.get(type(event))
+    if rule is None:
+        return _replace(state, seq=seq)
+    return rule(state, event, envelope)
+
+
+def _out_of_order(session_id: str, expected: int, envelope: Envelope) -> ReplayError | SeqError:
+    """Why `envelope` cannot be the next event of session `session_id` (at seq `expected`)."""
+    if envelope.session_id != session_id:
+        return ReplayError(
+            f"event seq {envelope.seq} belongs to session {envelope.session_id}, not {session_id}"
+        )
+    return SeqError(session_id, envelope.seq, expected)
+
+
+_replace = msgspec.structs.replace
+
+
+def _apply_duplicate(state: SessionState, event: Any, envelope: Envelope) -> SessionState:
+    pending = tuple(use for use in state.pending if use.id != event.tool_call_id)
+    return _replace(
+        state,
+        seq=envelope.seq,
+        history=(
+            *state.history,
+            tool_message(event.tool_call_id, duplicate_content(event.message)),
+        ),
+        pending=pending,
+        repeats=state.repeats + 1,
+        last_repeat=f"{event.name}({event.arguments})",
+        status="running" if not pending and state.status == "requires_action" else state.status,
+    )
+
+
+def _apply_directive(state: SessionState, event: Any, envelope: Envelope) -> SessionState:
+    directive: Message = {"role": "user", "content": event.text}
+    changes: dict[str, Any] = {}
+    if event.guard == "loop":
+        changes = {"warnings": state.warnings + 1, "warned_repeats": state.repeats}
+    elif event.guard == "terminal":
+        changes = {"reprompts": state.reprompts + 1}
+    if state.pending:
+        # A directive must not split a tool call from its answer: it follows the answers.
+        changes["deferred"] = (*state.deferred, directive)
+    else:
+        changes["history"] = (*state.history, directive)
+    return _replace(
+        state,
+        seq=envelope.seq,
+        status="running" if state.status == "idle" else state.status,
+        stop_reason=None,
+        **changes,
+    )
+
+
+def _apply_queued(state: SessionState, event: Any, envelope: Envelope) -> SessionState:
+    return _replace(state, seq=envelope.seq, queued=(*state.queued, event.text))
+
+
+def _apply_message(state: SessionState, event: Any, envelope: Envelope) -> SessionState:
+    history = _closed(state, "not run: a new user message arrived")
+    queued = state.queued
+    if queued and queued[0] == event.text:
+        queued = queued[1:]
+    return _replace(
+        state,
+        queued=queued,
+        seq=envelope.seq,
+        history=(*history, {"role": "user", "content": event.text}),
+        deferred=(),
+        returned=(),
+        halt_message=None,
+        request=event.text,
+        last_unreadable=False,
+        reply_calls=(),
+        status="running",
+        in_poll=True,
+        polls=0,
+        seen=frozenset(),
+        error_counts={},
+        pending=(),
+        episode_usage=Usage(),
+        episode_started=envelope.at,
+        answers={},
+        texts=frozenset(),
+        repeats=0,
+        warnings=0,
+        warned_repeats=0,
+        reprompts=0,
+        last_repeat=None,
+        stop_reason=None,
+        result=None,
+    )
+
+
+def _apply_replaced(state: SessionState, event: Any, envelope: Envelope) -> SessionState:
+    return _replace(
+        state,
+        seq=envelope.seq,
+        history=(*state.history, {"role": "assistant", "content": event.text}),
+        reply_calls=(),
+    )
+
+
+def _apply_halt(state: SessionState, event: Any, envelope: Envelope) -> SessionState:
+    return _replace(
+        state,
+        seq=envelope.seq,
+        history=_closed(state, f"not run: {event.reason}"),
+        deferred=(),
+        returned=(),
+        pending=(),
+        status="halted",
+        in_poll=False,
+        halt_message=event.message,
+        stop_reason=event.reason,
+    )
+
+
+def _apply_terminal(state: SessionState, event: Any, envelope: Envelope) -> SessionState:
+    others = tuple(use for use in state.pending if use.id != event.tool_call_id)
+    accepted = tool_message(event.tool_call_id, _compact.encode({"ok": True}).decode())
+    return _replace(
+        state,
+        seq=envelope.seq,
+        history=_closed(
+            _replace(state, history=(*state.history, accepted), pending=others),
+            f"not run: {event.name} ended the run",
+        ),
+        deferred=(),
+        returned=(),
+        pending=(),
+        status="idle",
+        in_poll=False,
+        stop_reason="terminal_tool",
+        result=event.result,
+    )
+
+
+def _apply_cancel(state: SessionState, event: Any, envelope: Envelope) -> SessionState:
+    return _replace(
+        state,
+        seq=envelope.seq,
+        history=_closed(state, "not run: the session was cancelled"),
+        deferred=(),
+        returned=(),
+        pending=(),
+        status="cancelled",
+        in_poll=False,
+        stop_reason="cancelled",
+    )
+
+
+def _apply_returned(state: SessionState, event: Any, envelope: Envelope) -> SessionState:
+    for use in state.pending:
+        if use.id == event.tool_call_id:
+            result = ToolResult(event.tool_call_id, event.text, event.is_error)
+            return _replace(state, seq=envelope.seq, returned=(*state.returned, result))
+    return _replace(state, seq=envelope.seq)
+
+
+def _apply_failed(state: SessionState, event: Any, envelope: Envelope) -> SessionState:
+    return _replace(state, seq=envelope.seq, status="failed", in_poll=False, stop_reason="failed")
+
+
+def _apply_opened(state: SessionState, event: Any, envelope: Envelope) -> SessionState:
+    if envelope.seq != 1:
+        raise ReplayError(
+            f"session {state.session_id}: seq {envelope.seq} opens the session a second time"
+        )
+    return _replace(state, seq=envelope.seq)
+
+
+def _apply_response(state: SessionState, event: Any, envelope: Envelope) -> SessionState:
+    seq = envelope.seq
+    message = event.message
+    try:
+        uses = tool_uses_of(message)
+    except TypeError as exc:
+        # Only a hand-made or damaged log gets here: poll_turn checks responses first.
+        raise ReplayError(f"session {state.session_id}: seq {seq}: {exc}") from None
+    seen = state.seen
+    texts = state.texts
+    repeats = state.repeats
+    last_repeat = state.last_repeat
+    if uses:
+        seen = seen | {call_key(use.name, use.input) for use in uses}
+        status: Status = "requires_action"
+        stop_reason = "tool_use"
+    else:
+        text = text_of(message)
+        if text and text.strip():
+            mark = digest(" ".join(text.split()))
+            if mark in texts:
+                repeats += 1
+                last_repeat = "the same reply as before"
+            else:
+                texts = texts | {mark}
+        status = "idle"
+        stop_reason = event.finish_reason or "unknown"
+    return msgspec.structs.replace(
+        state,
+        seq=seq,
+        history=(*state.history, message),
+        polls=state.polls + 1,
+        seen=seen,
+        texts=texts,
+        repeats=repeats,
+        last_repeat=last_repeat,
+        pending=uses,
+        usage=state.usage + event.usage,
+        episode_usage=state.episode_usage + event.usage,
+        last_unreadable=logged_unreadable(event.response),
+        reply_calls=uses,
+        status=status,
+        in_poll=False,
+        stop_reason=stop_reason,
+    )
+
+
+def _apply_results(state: SessionState, event: Any, envelope: Envelope) -> SessionState:
+    seq = envelope.seq
+    by_id = {use.id: use for use in state.pending}
+    answered = [result.tool_use_id for result in event.results]
+    if len(answered) != len(by_id) or set(answered) != by_id.keys():
+        raise ReplayError(
+            f"session {state.session_id}: seq {seq} answers tool calls {answered}, "
+            f"but {sorted(by_id)} were pending"
+        )
+    # Copied on first change: states share what they do not change.
+    error_counts = state.error_counts
+    answers = state.answers
+    repeats = state.repeats
+    last_repeat = state.last_repeat
+    messages: list[Message] = []
+    for result in event.results:
+        use = by_id[result.tool_use_id]
+        message = _answer(result)
+        content = message["content"]
+        messages.append(message)
+        if result.is_error or use.name in error_counts:
+            if error_counts is state.error_counts:
+                error_counts = dict(error_counts)
+            if result.is_error:
+                error_counts[use.name] = error_counts.get(use.name, 0) + 1
+            else:
+                del error_counts[use.name]
+        if not _can_run_again(state, use.name):
+            continue
+        if answers is state.answers:
+            answers = dict(answers)
+        key = call_key(use.name, use.input)
+        # The content itself (shared with the history) rather than a digest: no hashing.
+        if answers.get(key) == content:
+            repeats += 1
+            last_repeat = f"{use.name}({key_arguments(key)})"
+        answers[key] = content
+    return msgspec.structs.replace(
+        state,
+        seq=seq,
+        history=state.history
+        + (tuple(messages) + state.deferred if state.deferred else tuple(messages)),
+        deferred=(),
+        returned=(),
+        pending=(),
+        error_counts=error_counts,
+        answers=answers,
+        repeats=repeats,
+        last_repeat=last_repeat,
+        status="running",
+        in_poll=True,
+        stop_reason=None,
+    )
+
+
+def _can_run_again(state: SessionState, name: str) -> bool:
+    """Whether the same call of `name` may run twice in an episode (so its answers are
+    worth remembering for loop detection): duplicates are not deduplicated for it."""
+    if state.guards.duplicates is None:
+        return True
+    tool = state.spec.tool(name)
+    return tool is not None and tool.repeatable
+
+
+_Rule = Callable[[SessionState, Any, Envelope], SessionState]
+
+_RULES: dict[type, _Rule] = {
+    ModelResponded: _apply_response,
+    ToolResultsReceived: _apply_results,
+    DuplicateToolCall: _apply_duplicate,
+    DirectiveInjected: _apply_directive,
+    ReplyReplaced: _apply_replaced,
+    MessageReceived: _apply_message,
+    MessageQueued: _apply_queued,
+    Halted: _apply_halt,
+    TerminalToolCalled: _apply_terminal,
+    Cancelled: _apply_cancel,
+    ToolReturned: _apply_returned,
+    Failed: _apply_failed,
+    SessionOpened: _apply_opened,
+}
+"""How each kind of event changes a state; the others change only its seq."""
+
+
+class _Trip:
+    """The fields of a state that tool round trips change, taken out of it in a form a fold
+    can change in place, and put back into it; the messages they add go to `history`, the
+    fold's list of the whole history (see `fold`), which stands for the state's own.
+
+    The tokens of the trip's responses are summed once for both usages, the tools' results
+    kept as their events until `put` needs them, the last response kept until `put` reads
+    its unreadable flag (only the last one's counts), and whether `close` may apply a
+    tool's results found once per tool: the state that decides it stays as it is for the
+    trip."""
+
+    __slots__ = (
+        "closable",
+        "completion_tokens",
+        "history",
+        "in_poll",
+        "last_response",
+        "pending",
+        "polls",
+        "prompt_tokens",
+        "reply_calls",
+        "returned",
+        "seen",
+        "state",
+        "status",
+        "stop_reason",
+    )
+
+    def __init__(self, state: SessionState, history: list[Message]) -> None:
+        self.state = state
+        self.history = history
+        self.polls = state.polls
+        self.seen = set(state.seen)
+        self.pending = state.pending
+        self.reply_calls = state.reply_calls
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+        self.last_response: msgspec.Raw | None = None
+        self.status = state.status
+        self.in_poll = state.in_poll
+        self.stop_reason = state.stop_reason
+        self.returned: list[ToolResult | ToolReturned] = list(state.returned)
+        self.closable: set[str] = set()
+
+    def put(self, seq: int, history: tuple[Message, ...] = ()) -> SessionState:
+        """The state at `seq` with the round trips applied, holding `history` (a rule's
+        state holds none: what the rule adds is then all its state holds)."""
+        state = self.state
+        prompt = self.prompt_tokens
+        completion = self.completion_tokens
+        usage = state.usage
+        episode = state.episode_usage
+        return _replace(
+            state,
+            seq=seq,
+            history=history,
+            polls=self.polls,
+            seen=frozenset(self.seen),
+            pending=self.pending,
+            reply_calls=self.reply_calls,
+            usage=Usage(usage.prompt_tokens + prompt, usage.completion_tokens + completion),
+            episode_usage=Usage(
+                episode.prompt_tokens + prompt, episode.completion_tokens + completion
+            ),
+            last_unreadable=state.last_unreadable
+            if self.last_response is None
+            else logged_unreadable(self.last_response),
+            status=self.status,
+            in_poll=self.in_poll,
+            stop_reason=self.stop_reason,
+            returned=tuple(
+                ToolResult(result.tool_call_id, result.text, result.is_error)
+                if type(result) is ToolReturned
+                else result
+                for result in self.returned
+            )
+            if self.returned
+            else (),
+        )
+
+    def call(self, event: ModelResponded) -> bool:
+        """Apply a model response that calls tools, as `_apply_response` does; False, and
+        nothing changed, for any other response."""
+        try:
+            # Each message once: nothing to gain from remembering it.
+            uses = decode_tool_uses(event.message)
+        except TypeError:
+            return False
+        if not uses:
+            return False
+        self.history.append(event.message)
+        self.polls += 1
+        seen = self.seen
+        for use in uses:
+            seen.add(call_key(use.name, use.input))
+        self.pending = self.reply_calls = uses
+        usage = event.usage
+        self.prompt_tokens += usage.prompt_tokens
+        self.completion_tokens += usage.completion_tokens
+        self.last_response = event.response
+        self.status = "requires_action"
+        self.in_poll = False
+        self.stop_reason = "tool_use"
+        return True
+
+    def answer(self, event: ToolReturned) -> None:
+        """Apply a tool's result, as `_apply_returned` does."""
+        call_id = event.tool_call_id
+        for use in self.pending:
+            if use.id == call_id:
+                self.returned.append(event)
+                return
+
+    def close(self, event: ToolResultsReceived) -> bool:
+        """Apply the results of the pending calls, as `_apply_results` does, when there is
+        nothing else to do: results in call order, no error or error count to change, no
+        answer loop detection must remember, no deferred directive. False, and nothing
+        changed, otherwise."""
+        results = event.results
+        pending = self.pending
+        if len(results) != len(pending) or self.state.deferred:
+            return False
+        closable = self.closable
+        for index, result in enumerate(results):
+            use = pending[index]
+            if result.tool_use_id != use.id or result.is_error:
+                return False
+            if use.name not in closable:
+                if not self._may_close(use.name):
+                    return False
+                closable.add(use.name)
+        if len(pending) > 1 and len({use.id for use in pending}) < len(pending):
+            # Two calls of one id: the rule says what is wrong.
+            return False
+        history = self.history
+        for result in results:
+            history.append(tool_message(result.tool_use_id, result.text))
+        self.returned.clear()
+        self.pending = ()
+        self.status = "running"
+        self.in_poll = True
+        self.stop_reason = None
+        return True
+
+    def _may_close(self, name: str) -> bool:
+        """Whether `close` may apply a result of tool `name`: its error count stays as it
+        is and loop detection need not remember its answers."""
+        state = self.state
+        return name not in state.error_counts and not _can_run_again(state, name)
+
+
+def fold(state: SessionState, events: Iterable[Envelope]) -> SessionState:
+    """Apply `events` in order, as `apply_event` does each: replay's loop, in one pass.
+
+    Most events of most sessions are tool round trips: a model response calling tools,
+    each call's result, then the results together. The fold applies those to a `_Trip`
+    when nothing else is going on (see its methods), putting it back into the state only
+    for another event's rule and at the end: a round trip copies neither the state nor
+    its history. Every other event goes through its rule. Rules only ever add messages at
+    the end of the history, so a rule gets a state holding none of it, and the messages
+    it adds join the fold's list: the history is made once, at the end.
+    """
+    session_id = state.session_id
+    seq = state.seq
+    rules = _RULES
+    history = list(state.history)
+    trip = _Trip(state, history)
+    for envelope in events:
+        seq += 1
+        if envelope.seq != seq or envelope.session_id != session_id:
+            raise _out_of_order(session_id, seq, envelope)
+        event = envelope.event
+        if type(event) is ToolCalled:
+            continue
+        if type(event) is ToolReturned:
+            trip.answer(event)
+            continue
+        if (type(event) is ModelResponded and trip.call(event)) or (
+            type(event) is ToolResultsReceived and trip.close(event)
+        ):
+            continue
+        rule = rules.get(type(event))
+        if rule is not None:
+            changed = rule(trip.put(seq - 1), event, envelope)
+            history += changed.history
+            trip = _Trip(changed, history)
+    return trip.put(seq, tuple(history))

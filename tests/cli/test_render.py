@@ -1,0 +1,74 @@
+"""Every kind of event gets a readable line in the live view of `turnkeeper run`."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from turnkeeper.cli._render import step_line
+from turnkeeper.core import AgentSpec, GuardConfig, ToolResult, Usage
+from turnkeeper.events import (
+    AnyEvent,
+    Cancelled,
+    ChatFailed,
+    ChatRetried,
+    DirectiveInjected,
+    DuplicateToolCall,
+    Envelope,
+    Failed,
+    Halted,
+    McpFailed,
+    MessageQueued,
+    MessageReceived,
+    ModelResponded,
+    ReplyReplaced,
+    SessionOpened,
+    TerminalToolCalled,
+    ToolCalled,
+    ToolResultsReceived,
+    ToolReturned,
+)
+
+EVENTS: list[tuple[AnyEvent, str]] = [
+    (SessionOpened(AgentSpec(), (), 50, GuardConfig(), False), "session"),
+    (MessageReceived("What is 2 + 2?"), "What is 2 + 2?"),
+    (MessageQueued("And 3 + 3?"), "queued: And 3 + 3?"),
+    (DirectiveInjected("loop", "You are going in circles."), "guard loop: You are going"),
+    (
+        ModelResponded(
+            msgspec.Raw(b"{}"), {"role": "assistant", "content": "4"}, "stop", Usage(3, 1)
+        ),
+        "model: 4",
+    ),
+    (DuplicateToolCall("c1", "search", '{"q":"x"}', "already"), "guard duplicates: search"),
+    (ReplyReplaced("small_model", "The answer is 391."), "answer replaced with: The answer is"),
+    (ChatRetried(1, 0.5, "HTTP 503"), "retry 1 in 0.5 s: HTTP 503"),
+    (ChatFailed("HTTP 401: bad key", False, 401), "model failed: HTTP 401"),
+    (ToolCalled("c1", "search", {"q": "x"}), 'tool search({"q":"x"})'),
+    (ToolReturned("c1", "found"), "-> found"),
+    (McpFailed("fs", "died", "EOF", "read", "c1"), "MCP server fs went away (calling read): EOF"),
+    (McpFailed("fs", "start_failed", "no such file"), "MCP server fs could not start: no such"),
+    (Halted("loop", "going_in_circles", "I stopped."), "halted by loop (going_in_circles)"),
+    (TerminalToolCalled("c2", "finish", {"answer": "4"}), "finished with finish"),
+    (Cancelled("the user asked"), "cancelled: the user asked"),
+    (Failed("crashed 4 times"), "failed: crashed 4 times"),
+]
+
+
+@pytest.mark.parametrize(("event", "shown"), EVENTS, ids=lambda value: getattr(value, "type", ""))
+def test_each_event_has_its_own_line(event: AnyEvent, shown: str) -> None:
+    line = step_line(Envelope("local_0123456789abcdef", 1, 0.0, event))
+    assert line is not None
+    assert shown in line
+    assert "local." not in line
+
+
+def test_tool_results_get_no_line_of_their_own() -> None:
+    # Each result already has its `->` line from local.tool_result.
+    event = ToolResultsReceived((ToolResult("c1", "found"),))
+    assert step_line(Envelope("local_0123456789abcdef", 1, 0.0, event)) is None
+
+
+def test_every_kind_of_event_is_covered() -> None:
+    kinds = {type(event) for event, _ in EVENTS} | {ToolResultsReceived}
+    assert kinds == set(AnyEvent.__args__)

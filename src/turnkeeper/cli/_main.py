@@ -55,4 +55,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("turnkeeper: interrupted", file=sys.stderr)
         return _codes.INTERRUPTED
     return code
-

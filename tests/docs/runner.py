@@ -1,0 +1,66 @@
+"""Runs a page's Python examples in one namespace, in order, in a process of their own.
+
+    python runner.py BACKEND
+
+Reads one JSON object per line on stdin, `{"code", "filename", "line"}`, runs the code as
+if it stood at that line of that file (so a traceback names the page and line), and
+answers with one JSON line, `{"ok", "output", "error"}`: what the code printed, and the
+traceback if it raised. Code with a top-level `await` (as in `python -m asyncio`) runs on
+a new event loop of BACKEND, the way `anyio.run` runs a program's main function; other
+code runs as a script would (an `anyio.run(main)` in it starts its own loop).
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import inspect
+import io
+import json
+import os
+import sys
+import traceback
+from typing import Any
+
+import anyio
+
+
+async def _awaited(code: Any, namespace: dict[str, Any]) -> None:
+    try:
+        await eval(code, namespace)
+    finally:
+        # The pooled HTTP client belongs to this loop: close it before the loop ends.
+        providers = sys.modules.get("turnkeeper.providers")
+        if providers is not None:
+            await providers.aclose_shared_client()
+
+
+def _run(request: dict[str, Any], namespace: dict[str, Any], backend: str) -> dict[str, Any]:
+    output = io.StringIO()
+    try:
+        source = "\n" * (request["line"] - 1) + request["code"]
+        code = compile(source, request["filename"], "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+        with contextlib.redirect_stdout(output), contextlib.redirect_stderr(output):
+            if code.co_flags & inspect.CO_COROUTINE:
+                anyio.run(_awaited, code, namespace, backend=backend)
+            else:
+                exec(code, namespace)
+    # An example may raise anything; the page's test reports it.
+    except BaseException:
+        return {"ok": False, "output": output.getvalue(), "error": traceback.format_exc()}
+    return {"ok": True, "output": output.getvalue(), "error": None}
+
+
+def main() -> None:
+    backend = sys.argv[1]
+    # Answers go to the original stdout; anything else writing to file descriptor 1 (a
+    # child process an example starts) goes to stderr instead.
+    answers = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    namespace: dict[str, Any] = {"__name__": "__main__"}
+    for line in sys.stdin:
+        answers.write(json.dumps(_run(json.loads(line), namespace, backend)) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -49,6 +49,9 @@ PLANS: dict[str, Plan] = {
         calls=(("lookup", {"key": "answer"}),), answer="The answer is {result}."
     ),
     "Keep checking the weather.": Plan(calls=(("weather", {"city": "Paris"}),), forever=True),
+    "Read /etc/shadow": Plan(
+        calls=(("read_file", {"path": "/etc/shadow"}),), answer="I could not read it."
+    ),
     "List the reports": Plan(calls=(("list_reports", {}),), answer="The reports: {result}"),
     "Find the report on tides": Plan(
         calls=(("search", {"query": "tides"}),), answer="Found: {result}"

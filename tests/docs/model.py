@@ -38,7 +38,7 @@ PLANS: dict[str, Plan] = {
     "And 4+4?": Plan(answer="8"),
     "Answer briefly: what is the capital of France?": Plan(answer="Paris."),
     "What is the capital of France?": Plan(
-        calls=(("capital_of", {"country": "France"}),), answer="The capital is {result}."
+        calls=(("capital_of", {"country": "France"}),), forever=True
     ),
     "How many km is 26.2 mi?": Plan(
         calls=(("convert_units", {"value": 26.2, "from_unit": "mi", "to_unit": "km"}),),

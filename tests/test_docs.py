@@ -2,8 +2,8 @@
 
 The fenced blocks of each page run in order (see tests/docs/blocks.py for what marks a
 block that does not): Python blocks in one namespace per page, in a process of their own
-(tests/docs/runner.py); shell blocks in bash with `set -euo pipefail`, in the same
-folder, with this checkout's `turnkeeper` and `python` first on the PATH. The model at
+(tests/docs/runner.py); shell blocks in one bash per page with `set -euo pipefail`, in
+the same folder, with this checkout's `turnkeeper` and `python` first on the PATH. The model at
 127.0.0.1:8080 in an example is the OpenAI-compatible test server, answering by the
 plans in tests/docs/model.py; port 8000 in an example is a free port of the page's own.
 A page with a top-level `await` in a Python block runs once on each anyio backend.
@@ -153,32 +153,50 @@ def _end(process: subprocess.Popen[Any]) -> None:
     process.wait()
 
 
-def _shell(
-    block: Block, code: str, folder: Path, env: dict[str, str]
-) -> tuple[subprocess.Popen[Any], str]:
-    """Run a shell block; fail with its output unless it exits 0, else return the process
-    and its output. Its background processes keep running (a server the next block
-    uses) until the page is done."""
-    output = folder / f"sh-{block.line}.out"
-    with output.open("wb") as sink:
-        process = subprocess.Popen(
-            ["bash", "-euo", "pipefail", "-c", code],
-            cwd=folder,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
-        code_ = process.wait(BLOCK_SECONDS)
-    except subprocess.TimeoutExpired:
-        _end(process)
-        pytest.fail(f"{block.where}: the shell example did not finish:\n{output.read_text()}")
-    if code_ != 0:
-        _end(process)
-        pytest.fail(f"{block.where}: the shell example exited {code_}:\n{output.read_text()}")
-    return process, output.read_text()
+class _Shell:
+    """The page's bash (`set -euo pipefail`), started on its first shell block: each block
+    is sourced in it, so variables, the working folder and background jobs (a server the
+    next block uses) carry on to the next block, as in a reader's terminal."""
+
+    def __init__(self, folder: Path, env: dict[str, str]) -> None:
+        self.folder = folder
+        with (folder / "bash.out").open("wb") as sink:
+            self.process = subprocess.Popen(
+                ["bash", "--noprofile", "--norc", "-euo", "pipefail", "-s"],
+                cwd=folder,
+                env=env,
+                stdin=subprocess.PIPE,
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def run(self, block: Block, code: str) -> str:
+        """Source the block; fail with its output unless it ends well, else return it."""
+        script = self.folder / f"sh-{block.line}.sh"
+        output = self.folder / f"sh-{block.line}.out"
+        status = self.folder / f"sh-{block.line}.status"
+        script.write_text(code)
+        stdin = self.process.stdin
+        assert stdin is not None
+        # Background jobs of the block keep the shell's (empty) standard input.
+        stdin.write(f"source {script} < /dev/null > {output} 2>&1; echo done > {status}\n".encode())
+        stdin.flush()
+        deadline = time.monotonic() + BLOCK_SECONDS
+        while not status.exists():
+            if self.process.poll() is not None:
+                text = output.read_text() if output.exists() else ""
+                pytest.fail(f"{block.where}: the shell example failed (set -e):\n{text}")
+            if time.monotonic() > deadline:
+                pytest.fail(
+                    f"{block.where}: the shell example did not finish:\n{output.read_text()}"
+                )
+            time.sleep(0.02)
+        return output.read_text()
+
+    def close(self) -> None:
+        if self.process.stdin is not None:
+            self.process.stdin.close()
 
 
 def matches(expected: str, actual: str) -> bool:
@@ -221,6 +239,7 @@ def test_the_examples_of_a_page_run(
     ports = {"8080": docs_model.port, "8000": _free_port()}
     env = _environment()
     python: _Python | None = None
+    shell: _Shell | None = None
     started: list[subprocess.Popen[Any]] = []
     # The output of the example just run, for a block that shows it.
     printed: str | None = None
@@ -228,8 +247,9 @@ def test_the_examples_of_a_page_run(
         for block in blocks:
             if block.output:
                 assert printed is not None, f"{block.where}: output of no example that ran"
-                assert matches(block.code, printed), (
-                    f"{block.where}: the example before printed\n{printed}\nnot\n{block.code}"
+                expected = rewrite(block.code, ports)
+                assert matches(expected, printed), (
+                    f"{block.where}: the example before printed\n{printed}\nnot\n{expected}"
                 )
             printed = None
             if block.language not in EXAMPLES or block.not_run is not None:
@@ -238,8 +258,10 @@ def test_the_examples_of_a_page_run(
             if block.file is not None:
                 (tmp_path / block.file).write_text(code)
             elif block.language == "sh":
-                process, printed = _shell(block, code, tmp_path, env)
-                started.append(process)
+                if shell is None:
+                    shell = _Shell(tmp_path, env)
+                    started.append(shell.process)
+                printed = shell.run(block, code)
             else:
                 if python is None:
                     python = _Python(tmp_path, env, backend)
@@ -252,8 +274,9 @@ def test_the_examples_of_a_page_run(
                     )
                 printed = answer["output"]
     finally:
-        if python is not None:
-            python.close()
+        for runner in (python, shell):
+            if runner is not None:
+                runner.close()
         for process in started:
             _end(process)
 

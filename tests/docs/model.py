@@ -42,7 +42,7 @@ PLANS: dict[str, Plan] = {
     ),
     "How many km is 26.2 mi?": Plan(
         calls=(("convert_units", {"value": 26.2, "from_unit": "mi", "to_unit": "km"}),),
-        answer="26.2 mi is {result}.",
+        answer="That is {result}.",
     ),
     "Shout hi": Plan(calls=(("shout", {"text": "hi"}), ("done", {"answer": "HI"}))),
     "Look up the answer.": Plan(

@@ -54,7 +54,7 @@ PLANS: dict[str, Plan] = {
     ),
     "List the reports": Plan(calls=(("list_reports", {}),), answer="The reports: {result}"),
     "Find the report on tides": Plan(
-        calls=(("search", {"query": "tides"}),), answer="Found: {result}"
+        calls=(("remote_search", {"query": "tide"}),), answer="Found: {result}"
     ),
 }
 

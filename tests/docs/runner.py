@@ -4,10 +4,11 @@
 
 Reads one JSON object per line on stdin, `{"code", "filename", "line"}`, runs the code as
 if it stood at that line of that file (so a traceback names the page and line), and
-answers with one JSON line, `{"ok", "output", "error"}`: what the code printed, and the
-traceback if it raised. Code with a top-level `await` (as in `python -m asyncio`) runs on
-a new event loop of BACKEND, the way `anyio.run` runs a program's main function; other
-code runs as a script would (an `anyio.run(main)` in it starts its own loop).
+answers with one JSON line, `{"ok", "output", "error"}`: what the code printed (to
+stdout or stderr), and the traceback if it raised. Code with a top-level `await` (as in
+`python -m asyncio`) runs on a new event loop of BACKEND, the way `anyio.run` runs a
+program's main function; other code runs as a script would (an `anyio.run(main)` in it
+starts its own loop).
 """
 
 from __future__ import annotations
@@ -15,12 +16,12 @@ from __future__ import annotations
 import ast
 import contextlib
 import inspect
-import io
 import json
 import os
 import sys
+import tempfile
 import traceback
-from typing import Any
+from typing import IO, Any
 
 import anyio
 
@@ -36,7 +37,17 @@ async def _awaited(code: Any, namespace: dict[str, Any]) -> None:
 
 
 def _run(request: dict[str, Any], namespace: dict[str, Any], backend: str) -> dict[str, Any]:
-    output = io.StringIO()
+    # A file, not a StringIO: what an example starts may need its file descriptor (the
+    # MCP SDK hands `sys.stderr` to the stdio servers it starts).
+    with tempfile.TemporaryFile("w+") as output:
+        outcome = _run_into(output, request, namespace, backend)
+        output.seek(0)
+        return {**outcome, "output": output.read()}
+
+
+def _run_into(
+    output: IO[str], request: dict[str, Any], namespace: dict[str, Any], backend: str
+) -> dict[str, Any]:
     try:
         source = "\n" * (request["line"] - 1) + request["code"]
         code = compile(source, request["filename"], "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
@@ -47,8 +58,10 @@ def _run(request: dict[str, Any], namespace: dict[str, Any], backend: str) -> di
                 exec(code, namespace)
     # An example may raise anything; the page's test reports it.
     except BaseException:
-        return {"ok": False, "output": output.getvalue(), "error": traceback.format_exc()}
-    return {"ok": True, "output": output.getvalue(), "error": None}
+        return {"ok": False, "error": traceback.format_exc()}
+    finally:
+        output.flush()
+    return {"ok": True, "error": None}
 
 
 def main() -> None:

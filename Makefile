@@ -33,7 +33,7 @@ typecheck: setup
 
 # The documentation site (mkdocs-material, no fonts or scripts from the network) in site/.
 docs: setup
-	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 
 test: lint typecheck docs
 	$(PY) -m pytest -q

@@ -231,6 +231,23 @@ def test_every_page_is_in_the_site() -> None:
     assert sorted(nav) == sorted(page.name for page in PAGES[1:])
 
 
+def test_the_site_builds_and_loads_nothing_from_the_network(tmp_path: Path) -> None:
+    """`mkdocs build --strict` passes, and no page loads a script, style or font from
+    another host (material's offline plugin would take its shim from a CDN)."""
+    env = {**_environment(), "NO_MKDOCS_2_WARNING": "1"}
+    site = tmp_path / "site"
+    build = [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)]
+    done = subprocess.run(build, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    loads = re.compile(
+        r"<(?:script|img)[^>]*\ssrc=\"(?:https?:)?//|<link[^>]*\shref=\"(?:https?:)?//"
+    )
+    pages = sorted(site.glob("*.html"))
+    assert len(pages) > len(PAGES) - 1
+    for html in pages:
+        assert not loads.search(html.read_text()), html.name
+
+
 @pytest.mark.parametrize(("page", "backend"), _runs())
 def test_the_examples_of_a_page_run(
     page: Path, backend: str, tmp_path: Path, docs_model: ChatServer

@@ -1,6 +1,7 @@
 # `make demo` sets up a fresh clone and runs one session on the embedded model.
 # `make test` sets up a fresh clone (a .venv with the project and its dev tools) and runs
-# everything CI runs: lint, format check, strict type check and the whole test suite.
+# everything CI runs: lint, format check, strict type check, the strict docs build and the
+# whole test suite (which runs every example in README.md and docs/).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 EXTRAS ?= dev,embedded,mcp,otel
@@ -9,7 +10,7 @@ EXTRAS ?= dev,embedded,mcp,otel
 # built for AVX2 (any x86-64 server of the last decade) it runs.
 LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
 
-.PHONY: setup demo lint typecheck test bench
+.PHONY: setup demo lint typecheck docs test bench
 
 $(VENV)/.installed-$(EXTRAS): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -30,7 +31,11 @@ lint: setup
 typecheck: setup
 	$(PY) -m mypy
 
-test: lint typecheck
+# The documentation site (mkdocs-material, no fonts or scripts from the network) in site/.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
+
+test: lint typecheck docs
 	$(PY) -m pytest -q
 
 bench: setup

@@ -45,6 +45,7 @@ from turnkeeper.guards import (
     final_turn,
     loop_detection,
     max_turns,
+    repair,
     terminal_tool,
 )
 from turnkeeper.sessions import open_session
@@ -132,6 +133,7 @@ ACTING: dict[str, tuple[Guard, str, GuardView]] = {
         before(session(error_counts={"search": 2}), results=(failed(Q_A, "boom"),)),
     ),
     "loop_detection": (loop_detection, "loop", before(session(repeats=1))),
+    "repair": (repair, "repair", after(session(), reply(text="cut", finish_reason="length"))),
     "terminal_tool": (terminal_tool, "terminal", after(session(), reply(ANSWER))),
     "budget": (
         budget,
@@ -665,6 +667,7 @@ def views(draw: st.DrawFn) -> GuardView:
 
 GUARDS: list[Guard] = [
     max_turns,
+    repair,
     final_turn,
     duplicate_calls,
     consecutive_errors,

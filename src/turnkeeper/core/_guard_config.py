@@ -29,8 +29,10 @@ class DuplicateCalls(msgspec.Struct, frozen=True):
 
 
 class Repair(msgspec.Struct, frozen=True):
-    """A bad reply (an unknown tool, unreadable or invalid arguments) goes back to the model
-    as a tool error, once: a second bad reply in a row ends the run with an apology."""
+    """A bad reply goes back to the model once: bad calls (an unknown tool, unreadable or
+    invalid arguments) as tool errors, and a reply without calls that is not an answer
+    (unreadable, cut off by the token limit, or one phrase repeated) with a directive to
+    reply again. A second bad reply in a row ends the run with an apology."""
 
 
 class ConsecutiveErrors(msgspec.Struct, frozen=True):

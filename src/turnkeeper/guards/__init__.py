@@ -20,6 +20,7 @@ from turnkeeper.guards._builtin import (
     loop_detection,
     max_turns,
     repair,
+    repairs,
     terminal_tool,
     with_last_result,
 )
@@ -82,6 +83,7 @@ __all__ = [
     "loop_detection",
     "max_turns",
     "repair",
+    "repairs",
     "restate_request",
     "resume_next_step",
     "terminal_tool",

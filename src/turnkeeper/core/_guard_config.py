@@ -49,6 +49,16 @@ class LoopDetection(msgspec.Struct, frozen=True):
     warnings: int = 1
 
 
+class SelfFeeding(msgspec.Struct, frozen=True):
+    """Flag a chain of calls that feed a tool its own results (each call the previous one
+    with that call's result put in; a square root of the last square root, say) once it
+    is longer than `max_links` (1 or more) links, `warnings` times (0 or more), then halt.
+    """
+
+    max_links: int = 2
+    warnings: int = 1
+
+
 class TerminalTool(msgspec.Struct, frozen=True):
     """With `required`, re-prompt an answer that skips the terminal tool `max_reprompts` times
     (0 or more), then halt."""
@@ -88,6 +98,7 @@ class GuardConfig(msgspec.Struct, frozen=True):
     repair: Repair | None = Repair()
     consecutive_errors: ConsecutiveErrors | None = ConsecutiveErrors()
     loop: LoopDetection | None = LoopDetection()
+    self_feeding: SelfFeeding | None = SelfFeeding()
     terminal: TerminalTool | None = TerminalTool()
     budget: Budget | None = None
     small_model: SmallModel | None = None
@@ -100,6 +111,7 @@ _GUARD_KINDS: dict[str, type] = {
     "repair": Repair,
     "consecutive_errors": ConsecutiveErrors,
     "loop": LoopDetection,
+    "self_feeding": SelfFeeding,
     "terminal": TerminalTool,
     "budget": Budget,
     "small_model": SmallModel,
@@ -127,6 +139,9 @@ def check_guards(config: GuardConfig, *, since: GuardConfig | None = None) -> No
         if isinstance(value, ConsecutiveErrors):
             check_count(f"{field}.threshold", value.threshold, 1)
         elif isinstance(value, LoopDetection):
+            check_count(f"{field}.warnings", value.warnings, 0)
+        elif isinstance(value, SelfFeeding):
+            check_count(f"{field}.max_links", value.max_links, 1)
             check_count(f"{field}.warnings", value.warnings, 0)
         elif isinstance(value, TerminalTool):
             if not isinstance(value.required, bool):

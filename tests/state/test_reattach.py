@@ -5,6 +5,7 @@ run(history=...)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -131,3 +132,18 @@ async def test_pending_calls_of_the_transcript_are_seen() -> None:
     state = open_session(SPEC, history=stopped.transcript)
     assert state.seen == {call_key("search", {"q": "a"})}
     assert state.status == "requires_action"
+
+
+async def test_a_call_the_transcript_never_ran_is_not_seen() -> None:
+    # A second bad reply in a row halts the run before its calls run: they are skipped.
+    chat = ScriptedChat(
+        [
+            tool_response(("pay", '{"amount": ')),
+            tool_response(("pay", "{oops"), ("search", {"q": "a"})),
+        ]
+    )
+    halted = await run(SPEC, "go", chat, tools=Tools().mapping())
+    assert halted.stop_reason == "bad_tool_calls"
+    assert json.loads(halted.transcript[-1]["content"])["skipped"] is True
+    state = open_session(SPEC, history=halted.transcript)
+    assert call_key("search", {"q": "a"}) not in state.seen

@@ -158,14 +158,20 @@ def _remembering(state: SessionState) -> SessionState:
             content = text_of(message)
             if called is None or content is None or content.startswith(_NOT_RESULTS):
                 continue
+            if content.startswith(_SKIPPED):
+                # Never run: a repeat of it is no duplicate.
+                memory.forget(call_key(called.name, called.input))
+                continue
             error = _error_of(content)
             memory.result(called, content, error is not None, error)
     return memory.put(state)
 
 
-_NOT_RESULTS = ('{"duplicate":true', '{"skipped":true', '{"ok":true}')
+_NOT_RESULTS = ('{"duplicate":true', '{"ok":true}')
 """How the tool messages that answer a call without its result start: a self-answered
-duplicate, a call not run, a terminal tool's call accepted."""
+duplicate, a terminal tool's call accepted."""
+_SKIPPED = '{"skipped":true'
+"""How the notice of a call that was not run starts."""
 
 
 def _error_of(content: str) -> str | None:
@@ -547,6 +553,10 @@ class _Memory:
         """Remember a call made (by its key)."""
         self._seen().add(key)
 
+    def forget(self, key: str) -> None:
+        """Forget a call made (by its key): the same call may run."""
+        self._seen().discard(key)
+
     def _seen(self) -> set[str]:
         seen = self.seen
         if not isinstance(seen, set):
@@ -573,7 +583,7 @@ class _Memory:
         key: str | None = None
         if is_error:
             key = call_key(name, use.input)
-            self._seen().discard(key)
+            self.forget(key)
         elif not _can_run_again(self.state, name):
             if not self.answers:
                 return

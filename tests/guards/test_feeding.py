@@ -264,3 +264,38 @@ def test_the_verdict_depends_on_the_view_alone() -> None:
     assert [self_feeding(msgspec.structs.replace(view)) for view in views] == verdicts
     assert [v.halt is not None for v in verdicts][-1]
     assert len(list(itertools.takewhile(lambda v: v.halt is None, verdicts))) == len(verdicts) - 1
+
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.integers(-(10**400), 10**400)
+    | st.floats()
+    | st.text(max_size=12)
+    | st.sampled_from(["sqrt(4)", "1e999", "1.41", "-0.5", "x1y2"]),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+arguments = st.dictionaries(st.sampled_from(["x", "y", "q"]), json_values, max_size=3)
+results = st.text(max_size=30) | st.sampled_from(
+    ["4", "1e999", "-2.5", '{"r": 3}', '{"r": 1e999}', '{"r": ' + "9" * 400 + "}", "NaN", "inf"]
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(before=arguments, after=arguments, result=results)
+def test_any_arguments_and_result_are_judged_without_error(
+    before: dict[str, Any], after: dict[str, Any], result: str
+) -> None:
+    from turnkeeper.guards._feeding import _feeds, _may_take, _value
+
+    value = _value(result)
+    if value is None:
+        return
+    feeds = _feeds(before, value, after)
+    assert feeds in (True, False)
+    # The cheap test never turns away a call that feeds.
+    assert _may_take(after, value) or not feeds

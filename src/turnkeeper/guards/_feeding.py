@@ -117,7 +117,8 @@ def _link(reply: Message, results: dict[str, str], fed: list[ToolUse]) -> tuple[
         if not isinstance(function, dict):
             continue
         name = function.get("name")
-        result = results.get(call.get("id"))
+        call_id = call.get("id")
+        result = results.get(call_id) if isinstance(call_id, str) else None
         if result is None or all(use.name != name for use in fed):
             continue
         value = _value(result)
@@ -152,8 +153,7 @@ def _value(result: str) -> float | str | None:
     if not text or len(text) > _LONGEST_VALUE:
         return None
     if _NUMBER.fullmatch(text):
-        number = float(text)
-        return number if math.isfinite(number) else None
+        return _finite(text)
     if text.startswith("{"):
         try:
             decoded = msgspec.json.decode(text)
@@ -161,8 +161,8 @@ def _value(result: str) -> float | str | None:
             return text
         if isinstance(decoded, dict) and len(decoded) == 1:
             (only,) = decoded.values()
-            if isinstance(only, int | float) and not isinstance(only, bool):
-                return float(only) if math.isfinite(only) else None
+            if _is_number(only):
+                return _finite(only)
     return text
 
 
@@ -176,7 +176,9 @@ def _feeds(before: dict[str, Any], value: float | str, after: dict[str, Any]) ->
         if (was == now and type(was) is type(now)) or _same(was, now):
             continue
         if isinstance(value, float) and _is_number(now):
-            if not _written(value, now, _decimals(repr(now))):
+            number = _finite(now)
+            decimals = 0 if isinstance(now, int) else _decimals(repr(now))
+            if number is None or not _written(value, number, decimals):
                 return False
         elif isinstance(now, str) and isinstance(was, str):
             if not _holds(was, value, now):
@@ -199,7 +201,8 @@ def _holds(was: str, value: float | str, now: str) -> bool:
     for index, (old, new) in enumerate(zip(parts_was, parts_now, strict=True)):
         if old == new:
             continue
-        if index % 2 == 0 or not _written(value, float(new), _decimals(new)):
+        number = None if index % 2 == 0 else _finite(new)
+        if number is None or not _written(value, number, _decimals(new)):
             return False
     return True
 
@@ -207,8 +210,6 @@ def _holds(was: str, value: float | str, now: str) -> bool:
 def _written(value: float, number: float, decimals: int) -> bool:
     """Whether `number`, written with `decimals` digits after the point, is `value` rounded
     or cut to those digits."""
-    if not math.isfinite(number):
-        return False
     scaled = value * 10.0**decimals
     cut = math.trunc(scaled) / 10.0**decimals if math.isfinite(scaled) else value
     tolerance = 1e-9 * max(1.0, abs(number))
@@ -224,6 +225,15 @@ def _decimals(written: str) -> int:
     if not isinstance(exponent, int) or exponent >= 0:
         return 0
     return min(-exponent, _MOST_DECIMALS)
+
+
+def _finite(value: int | float | str) -> float | None:
+    """`value` as a finite float, or None (too large, infinite or not a number)."""
+    try:
+        number = float(value)
+    except (OverflowError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
 
 
 def _is_number(value: object) -> bool:

@@ -1,4 +1,5 @@
-"""The unreadable flag, read from a live response and from a logged one."""
+"""The unreadable flag, read from a live response and from a logged one; the flaws that make a
+reply without calls no answer."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from turnkeeper.core._calls import is_unreadable, logged_unreadable
+from turnkeeper.core._calls import degenerate, is_unreadable, logged_unreadable, reply_flaw
 
 FLAGS = st.one_of(
     st.fixed_dictionaries({"unreadable": st.sampled_from([True, False, 1, "true", None])}),
@@ -52,3 +53,60 @@ def test_a_logged_response_is_flagged_as_the_live_one_is(response: dict[str, Any
 )
 def test_a_logged_response_is_flagged_however_it_is_spelled(spelled: bytes, flagged: bool) -> None:
     assert logged_unreadable(msgspec.Raw(spelled)) is flagged
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "I will call finish now. " * 10,
+        "the " * 40,
+        "Sure! The answer is 391. " + "I hope this helps! " * 8,
+        "word " * 2000,
+        "x y z " + "a b c d e f g h i j k l m n o p q r s t u v w x y z A B C D E F " * 5,
+    ],
+)
+def test_a_phrase_repeated_over_and_over_is_degenerate(text: str) -> None:
+    assert degenerate(text)
+    assert reply_flaw(text, "stop") == "it repeats one phrase over and over"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "The answer is 391.",
+        "no no no no no no",
+        "ha " * 14,
+        "The sum is 17 + 23 = 40, and 40 times 2 is 80, so the answer is 80 in the end.",
+        "| a | b |\n|---|---|\n| 1 | 2 |\n| 3 | 4 |\n| 5 | 6 |\n| 7 | 8 |",
+        "Step 1: add 1. Step 2: add 2. Step 3: add 3. Step 4: add 4. Step 5: add 5.",
+        "A long answer that only ends in a refrain. " * 1 + "yes yes yes yes yes",
+        # One phrase repeated, but in under half of the reply.
+        " ".join(f"w{i}" for i in range(40)) + " go on " * 6,
+    ],
+)
+def test_other_text_is_not_degenerate(text: str) -> None:
+    assert not degenerate(text)
+    assert reply_flaw(text, "stop") is None
+
+
+def test_a_reply_cut_off_by_the_token_limit_is_flawed_whatever_it_says() -> None:
+    assert reply_flaw("The answer", "length") == "it was cut off by the token limit"
+    assert reply_flaw(None, "length") == "it was cut off by the token limit"
+    assert reply_flaw(None, "stop") is None
+    assert reply_flaw("The answer is 4.", None) is None
+
+
+@given(st.text(max_size=300))
+def test_degenerate_reads_any_text(text: str) -> None:
+    assert degenerate(text) in (True, False)
+
+
+@given(
+    phrase=st.lists(st.text("abcxyz", min_size=1, max_size=5), min_size=2, max_size=32),
+    times=st.integers(8, 40),
+)
+def test_any_phrase_repeated_eight_times_or_more_is_degenerate(
+    phrase: list[str], times: int
+) -> None:
+    assert degenerate(" ".join(phrase * times))

@@ -15,6 +15,7 @@ from turnkeeper.core._guard_config import (
     ConsecutiveErrors,
     GuardConfig,
     LoopDetection,
+    SelfFeeding,
     SmallModel,
     TerminalTool,
     check_guards,
@@ -24,6 +25,8 @@ from turnkeeper.core._guard_config import (
 BOUNDS: list[tuple[str, type[msgspec.Struct], str, list[Any], Any]] = [
     ("consecutive_errors", ConsecutiveErrors, "threshold", [0, -1, 1.5, True, "2", None], 1),
     ("loop", LoopDetection, "warnings", [-1, -(10**30), 0.5, False, "1", None], 0),
+    ("self_feeding", SelfFeeding, "max_links", [0, -1, 1.5, True, "2", None], 1),
+    ("self_feeding", SelfFeeding, "warnings", [-1, 0.5, False, "1", None], 0),
     ("terminal", TerminalTool, "max_reprompts", [-1, 2.0, True, "2", None], 0),
     ("budget", Budget, "max_tokens", [0, -5, 1.5, True, "10"], 1),
     (
@@ -43,6 +46,7 @@ REFUSED = [
 LOGGED: list[tuple[str, str, Any]] = [
     ("consecutive_errors", "threshold", 0),
     ("loop", "warnings", -1),
+    ("self_feeding", "max_links", 0),
     ("terminal", "max_reprompts", -1),
     ("budget", "max_tokens", 0),
     ("budget", "max_seconds", 0.0),
@@ -136,3 +140,19 @@ def test_a_guard_config_holds_only_its_own_settings(field: str, value: Any) -> N
 def test_only_a_guard_config_is_checked() -> None:
     with pytest.raises(InputError, match=r"^guards: expected a GuardConfig, got dict$"):
         check_guards({"loop": None})  # type: ignore[arg-type]
+
+
+def test_a_config_logged_before_self_feeding_existed_reads_with_it_on() -> None:
+    # As a log written before the field was added holds a configuration: without it.
+    logged = msgspec.to_builtins(GuardConfig(loop=LoopDetection(warnings=3)))
+    del logged["self_feeding"]
+    config = msgspec.convert(logged, GuardConfig)
+    assert config == GuardConfig(loop=LoopDetection(warnings=3))
+    assert config.self_feeding == SelfFeeding(max_links=2, warnings=1)
+    check_guards(config)
+
+
+def test_self_feeding_is_turned_off_with_none() -> None:
+    config = msgspec.json.decode(b'{"self_feeding": null}', type=GuardConfig)
+    assert config.self_feeding is None
+    check_guards(config)

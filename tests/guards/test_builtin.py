@@ -36,6 +36,7 @@ from turnkeeper.guards import (
     LoopDetection,
     Phase,
     Reply,
+    SelfFeeding,
     TerminalTool,
     Verdict,
     budget,
@@ -45,6 +46,8 @@ from turnkeeper.guards import (
     final_turn,
     loop_detection,
     max_turns,
+    repair,
+    self_feeding,
     terminal_tool,
 )
 from turnkeeper.sessions import open_session
@@ -117,6 +120,18 @@ def tool_answer(call_id: str, content: str) -> Message:
 Q_A = ToolUse("c1", "search", {"q": "a"})
 ANSWER = ToolUse("f1", "finish", {"answer": "42"})
 
+
+def feeding_chain(links: int) -> GuardView:
+    """The view after a chain of `search` calls each taking the last one's result."""
+    history: list[Message] = [{"role": "user", "content": "go"}]
+    results: tuple[tuple[ToolUse, ToolResult], ...] = ()
+    for step in range(links + 1):
+        use = ToolUse(f"c{step}", "search", {"q": f"r{step - 1}" if step else "start"})
+        history += [reply(use).message, tool_answer(use.id, f"r{step}")]
+        results = ((use, ToolResult(use.id, f"r{step}")),)
+    return before(session(history=tuple(history), polls=links + 1), results=results)
+
+
 # For each guard: the GuardConfig field that turns it off, and a view on which it acts.
 ACTING: dict[str, tuple[Guard, str, GuardView]] = {
     "max_turns": (max_turns, "max_turns", before(session(turns=3, polls=3))),
@@ -132,6 +147,8 @@ ACTING: dict[str, tuple[Guard, str, GuardView]] = {
         before(session(error_counts={"search": 2}), results=(failed(Q_A, "boom"),)),
     ),
     "loop_detection": (loop_detection, "loop", before(session(repeats=1))),
+    "self_feeding": (self_feeding, "self_feeding", feeding_chain(3)),
+    "repair": (repair, "repair", after(session(), reply(text="cut", finish_reason="length"))),
     "terminal_tool": (terminal_tool, "terminal", after(session(), reply(ANSWER))),
     "budget": (
         budget,
@@ -622,6 +639,8 @@ configs = st.builds(
     duplicates=st.sampled_from([None, GuardConfig().duplicates]),
     consecutive_errors=st.none() | st.builds(ConsecutiveErrors, threshold=st.integers(1, 4)),
     loop=st.none() | st.builds(LoopDetection, warnings=st.integers(0, 3)),
+    self_feeding=st.none()
+    | st.builds(SelfFeeding, max_links=st.integers(1, 3), warnings=st.integers(0, 2)),
     terminal=st.none()
     | st.builds(TerminalTool, required=st.booleans(), max_reprompts=st.integers(0, 3)),
     budget=st.none()
@@ -665,6 +684,8 @@ def views(draw: st.DrawFn) -> GuardView:
 
 GUARDS: list[Guard] = [
     max_turns,
+    self_feeding,
+    repair,
     final_turn,
     duplicate_calls,
     consecutive_errors,
@@ -727,3 +748,35 @@ def test_repair_halts_with_an_apology_at_the_second_bad_reply_in_a_row() -> None
     assert unreadable.halt is not None
     off = msgspec.structs.replace(bad_then, guards=GuardConfig(repair=None))
     assert repair(GuardView("after_response", off, 0.0, reply=reply({"a": "x"}))) is CONTINUE
+
+
+@pytest.mark.parametrize(
+    ("links", "acts"), [(1, None), (2, None), (3, "directive"), (4, "halt"), (5, "halt")]
+)
+def test_self_feeding_warns_past_max_links_then_halts(links: int, acts: str | None) -> None:
+    verdict = self_feeding(feeding_chain(links))
+    if acts is None:
+        assert verdict is CONTINUE
+    elif acts == "directive":
+        assert [d.guard for d in verdict.directives] == ["self_feeding"]
+    else:
+        assert verdict.halt is not None
+        assert (verdict.halt.guard, verdict.halt.reason) == ("self_feeding", "feeding_on_results")
+
+    if links == 4:
+        # A chain halts when it first gets this long: its first call, the one made from
+        # the request, is then the oldest the guard reads, and the halt leads with its result.
+        assert verdict.halt is not None
+        assert verdict.halt.message.startswith("r0\n\n")
+
+
+def test_self_feeding_counts_only_the_episodes_replies() -> None:
+    view = feeding_chain(4)
+    assert self_feeding(view).halt is not None
+    fewer = msgspec.structs.replace(view, state=msgspec.structs.replace(view.state, polls=3))
+    assert self_feeding(fewer).halt is None
+
+
+def test_self_feeding_judges_only_right_after_a_tool_step() -> None:
+    view = feeding_chain(4)
+    assert self_feeding(msgspec.structs.replace(view, results=())) is CONTINUE

@@ -9,6 +9,7 @@ import msgspec
 import pytest
 
 from turnkeeper.core import AgentSpec, GuardConfig, SmallModel, ToolResult, ToolSpec, ToolUse, Usage
+from turnkeeper.events import DirectiveInjected
 from turnkeeper.guards import (
     CONTINUE,
     GuardView,
@@ -19,7 +20,7 @@ from turnkeeper.guards import (
     window,
 )
 from turnkeeper.providers import ScriptedChat, text_response, tool_response
-from turnkeeper.sessions import open_session, recheck, run
+from turnkeeper.sessions import RunResult, open_session, recheck, run
 from turnkeeper.state import SessionState, replay
 
 SPEC = AgentSpec(
@@ -71,46 +72,132 @@ def test_request_is_restated_after_a_tool_step_only() -> None:
     assert restate_request(GuardView("before_call", state, 0.0)) is CONTINUE
 
 
-def test_a_reply_ignoring_the_last_failed_call_is_sent_back_once() -> None:
-    state = state_with([{"role": "user", "content": "q"}, error_tool("quota exceeded")])
-    verdict = correct_reply(GuardView("after_response", state, 0.0, reply=reply("Done! All set.")))
-    assert "quota exceeded" in verdict.directives[0].text
-    assert "Don't say it worked" in verdict.directives[0].text
-    admits = reply("Sorry, the search failed.")
-    assert correct_reply(GuardView("after_response", state, 0.0, reply=admits)) is CONTINUE
-    corrected = state_with(
-        [*state.history, {"role": "user", "content": verdict.directives[0].text}]
+CART = AgentSpec(
+    system_prompt="sys",
+    tools=(ToolSpec("add"), ToolSpec("add_to_cart"), ToolSpec("web_search"), ToolSpec("finish")),
+    terminal_tool="finish",
+)
+
+
+async def out_of_stock(item: str) -> str:
+    raise LookupError(f"{item} is out of stock")
+
+
+def corrections(result: RunResult) -> list[str]:
+    return [
+        e.event.text
+        for e in result.events
+        if isinstance(e.event, DirectiveInjected) and e.event.text.startswith("Correction: ")
+    ]
+
+
+@pytest.mark.anyio
+async def test_a_reply_saying_a_failed_call_worked_is_sent_back_once_in_a_live_session() -> None:
+    chat = ScriptedChat(
+        [
+            tool_response(("add_to_cart", {"item": "lamp"})),
+            text_response("Added to cart!"),
+            text_response("Added to cart!"),
+        ]
     )
-    again = GuardView("after_response", corrected, 0.0, reply=reply("Done!"))
-    assert correct_reply(again) is CONTINUE
+    tools = {"add_to_cart": out_of_stock}
+    result = await run(CART, "Buy the lamp", chat, tools=tools, guards=ON)
+    [correction] = corrections(result)
+    assert "the last tool call failed: LookupError: lamp is out of stock." in correction
+    assert "Don't say it worked" in correction
+    # The model saw the correction after its reply, the restated request before it.
+    sent = [m["content"][:12] for m in chat.requests[2]["messages"]]
+    assert sent[-3:] == ["My request: ", "Added to car", "Correction: "]
+    assert replay(result.events) == result.state
+    assert recheck(result.events) is None
+
+
+@pytest.mark.anyio
+async def test_a_reply_admitting_the_failure_stands() -> None:
+    chat = ScriptedChat(
+        [tool_response(("add_to_cart", {"item": "lamp"})), text_response("Sorry, it failed.")]
+    )
+    tools = {"add_to_cart": out_of_stock}
+    result = await run(CART, "Buy the lamp", chat, tools=tools, guards=ON)
+    assert (result.text, corrections(result)) == ("Sorry, it failed.", [])
+
+
+@pytest.mark.anyio
+async def test_a_failure_after_a_success_in_a_later_step_is_no_failure() -> None:
+    async def search(q: str) -> str:
+        return "lamps: 3"
+
+    chat = ScriptedChat(
+        [
+            tool_response(("add_to_cart", {"item": "lamp"})),
+            tool_response(("web_search", {"q": "lamp"})),
+            text_response("There are 3 lamps."),
+        ]
+    )
+    tools = {"add_to_cart": out_of_stock, "web_search": search}
+    result = await run(CART, "Buy the lamp", chat, tools=tools, guards=ON)
+    assert (result.text, corrections(result)) == ("There are 3 lamps.", [])
+
+
+def transcript_failing_with(content: str) -> list[dict[str, Any]]:
+    call = {"id": "c1", "type": "function", "function": {"name": "add_to_cart", "arguments": "{}"}}
+    return [
+        {"role": "system", "content": "sys"},
+        {"role": "user", "content": "Buy the lamp"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": content},
+    ]
+
+
+@pytest.mark.anyio
+async def test_a_reattached_transcripts_last_failure_is_remembered() -> None:
+    history = transcript_failing_with(json.dumps({"error": "quota exceeded", "isError": True}))
+    chat = ScriptedChat([text_response("Done! All set."), text_response("Done!")])
+    result = await run(CART, None, chat, history=history, guards=ON)
+    [correction] = corrections(result)
+    assert "the last tool call failed: quota exceeded." in correction
+
+
+@pytest.mark.anyio
+async def test_a_failure_whose_error_is_not_text_is_quoted_as_the_result() -> None:
+    content = json.dumps({"error": {"code": 429}, "isError": True})
+    chat = ScriptedChat([text_response("Done!"), text_response("Done!")])
+    result = await run(CART, None, chat, history=transcript_failing_with(content), guards=ON)
+    [correction] = corrections(result)
+    assert f"the last tool call failed: {content}." in correction
 
 
 def test_a_tool_result_nested_too_deep_to_read_is_no_failure() -> None:
-    deep = {"role": "tool", "tool_call_id": "c1", "content": '{"error": ' + "[" * 100_000}
-    state = state_with([{"role": "user", "content": "q"}, deep])
-    view = GuardView("after_response", state, 0.0, reply=reply("Done! All set."))
-    assert correct_reply(view) is CONTINUE
+    deep = '{"error": ' + "[" * 100_000
+    state = open_session(CART, history=transcript_failing_with(deep), guards=ON)
+    assert state.last_failure is None
+    assert state.error_counts == {}
 
 
-def test_a_failure_whose_error_is_not_text_is_quoted_as_the_result() -> None:
-    content = json.dumps({"error": {"code": 429}, "isError": True})
-    state = state_with([{"role": "user", "content": "q"}, {**error_tool(""), "content": content}])
-    verdict = correct_reply(GuardView("after_response", state, 0.0, reply=reply("Done!")))
-    assert f"the last tool call failed: {content}." in verdict.directives[0].text
-
-
+@pytest.mark.anyio
 @pytest.mark.parametrize(
     ("text", "tool"),
     [
         ("Please click Add to cart to buy it.", "add_to_cart"),
+        ("Just click add to cart.", "add_to_cart"),
         ("You can use the web search tool for that.", "web_search"),
         ("Try calling web_search with your query.", "web_search"),
+        ("Use the add tool to sum them.", "add"),
     ],
 )
-def test_a_reply_that_pushes_a_tool_onto_the_user_is_sent_back(text: str, tool: str) -> None:
-    state = state_with([{"role": "user", "content": "buy it"}])
-    verdict = correct_reply(GuardView("after_response", state, 0.0, reply=reply(text)))
-    assert f"call {tool} now" in verdict.directives[0].text
+async def test_a_reply_that_pushes_a_tool_onto_the_user_is_sent_back(text: str, tool: str) -> None:
+    chat = ScriptedChat([text_response(text), text_response("ok")])
+    result = await run(CART, "buy it", chat, guards=ON)
+    [correction] = corrections(result)
+    assert f"call {tool} now" in correction
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("text", ["Your address is on file.", "Additional charges apply."])
+async def test_a_tool_name_inside_a_longer_word_is_no_push(text: str) -> None:
+    chat = ScriptedChat([text_response("Use it: " + text)])
+    result = await run(CART, "buy it", chat, guards=ON)
+    assert corrections(result) == []
 
 
 def test_a_plain_answer_is_left_alone() -> None:

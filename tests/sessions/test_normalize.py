@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from turnkeeper.core import AgentSpec, ToolSpec
-from turnkeeper.events import Envelope, Halted
+from turnkeeper.core import AgentSpec, GuardConfig, ToolSpec
+from turnkeeper.events import DirectiveInjected, Envelope, Halted
 from turnkeeper.providers import ScriptedChat, text_response, tool_response
 from turnkeeper.sessions import Kickoff, normalize, open_session, poll_turn
 
@@ -14,8 +14,11 @@ pytestmark = pytest.mark.anyio
 SPEC = AgentSpec(tools=(ToolSpec("f"),))
 
 
-async def one_poll(response: dict[str, object]) -> tuple[Envelope, ...]:
-    events, _ = await poll_turn(open_session(SPEC), Kickoff("go"), ScriptedChat([response]))
+async def one_poll(
+    response: dict[str, object], guards: GuardConfig | None = None
+) -> tuple[Envelope, ...]:
+    state = open_session(SPEC, guards=guards)
+    events, _ = await poll_turn(state, Kickoff("go"), ScriptedChat([response]))
     return events
 
 
@@ -30,8 +33,17 @@ async def one_poll(response: dict[str, object]) -> tuple[Envelope, ...]:
 async def test_finish_reason_decides_a_text_turn(
     finish_reason: str, terminal: str, stop_reason: str
 ) -> None:
-    turn = normalize(await one_poll(text_response("hi", finish_reason=finish_reason)))
+    # With the repair guard off: it re-prompts a reply cut off by the token limit.
+    response = text_response("hi", finish_reason=finish_reason)
+    turn = normalize(await one_poll(response, GuardConfig(repair=None)))
     assert (turn.terminal, turn.stop_reason, turn.text) == (terminal, stop_reason, "hi")
+
+
+async def test_a_text_turn_a_guard_answers_requires_action() -> None:
+    events = await one_poll(text_response("hi", finish_reason="length"))
+    assert [e.event.guard for e in events if isinstance(e.event, DirectiveInjected)] == ["repair"]
+    turn = normalize(events)
+    assert (turn.terminal, turn.stop_reason, turn.tool_uses) == ("requires_action", "tool_use", ())
 
 
 async def test_missing_finish_reason_is_terminated_unknown() -> None:

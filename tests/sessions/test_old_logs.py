@@ -13,9 +13,15 @@ import pytest
 
 from tests.logs.test_logs import KINDS, factory
 from turnkeeper.core import AgentSpec, GuardConfig, InputError, ToolSpec
-from turnkeeper.events import Envelope, MessageReceived, SessionOpened, decode_envelope
-from turnkeeper.providers import ScriptedChat, text_response
-from turnkeeper.sessions import Host, open_session, recheck
+from turnkeeper.events import (
+    Envelope,
+    MessageReceived,
+    SessionOpened,
+    decode_envelope,
+    encode_envelope,
+)
+from turnkeeper.providers import ScriptedChat, text_response, tool_response
+from turnkeeper.sessions import Host, open_session, recheck, run
 from turnkeeper.state import SessionState, replay
 
 pytestmark = pytest.mark.anyio
@@ -121,3 +127,28 @@ async def test_a_host_resumes_such_a_session(tmp_path: Path) -> None:
         await host.send("old", "hello again")
         info = await host.result("old", wait=10)
         assert (info.status, info.text) == ("idle", "still here")
+
+
+async def test_a_log_written_before_self_feeding_existed_reads_and_replays_as_before() -> None:
+    # A session whose model feeds a tool its own results, logged as a version without the
+    # self_feeding setting wrote it: the opening event's guards lack the field.
+    async def sqrt(x: float) -> str:
+        return str(x**0.5)
+
+    spec = AgentSpec(tools=(ToolSpec("sqrt"),))
+    chat = ScriptedChat(
+        [
+            tool_response(("sqrt", {"x": 256.0})),
+            tool_response(("sqrt", {"x": 16.0})),
+            text_response("2"),
+        ]
+    )
+    result = await run(spec, "sqrt?", chat, tools={"sqrt": sqrt})
+    lines = [msgspec.json.decode(encode_envelope(envelope)) for envelope in result.events]
+    del lines[0]["event"]["guards"]["self_feeding"]
+    old = [decode_envelope(msgspec.json.encode(line)) for line in lines]
+    opened = old[0].event
+    assert isinstance(opened, SessionOpened)
+    assert opened.guards == GuardConfig()
+    assert replay(old) == result.state
+    assert recheck(old) is None

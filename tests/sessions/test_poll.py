@@ -15,6 +15,7 @@ from turnkeeper.core import (
     InputError,
     ToolResult,
     ToolSpec,
+    call_key,
     text_of,
 )
 from turnkeeper.events import (
@@ -366,16 +367,18 @@ async def test_user_message_resets_polls_seen_and_error_counts() -> None:
         [
             tool_response(("search", {"q": "a"})),
             tool_response(("search", {"q": "b"})),
+            tool_response(("search", {"q": "c"})),
             text_response("done"),
             tool_response(("search", {"q": "a"})),
         ]
     )
     state = open_session(SPEC)
     _, state = await poll_turn(state, Kickoff("go"), chat)
+    _, state = await poll_turn(state, results_for(state, "found"), chat)
     _, state = await poll_turn(state, results_for(state, "e", is_error=True), chat)
     _, state = await poll_turn(state, results_for(state, "e", is_error=True), chat)
-    assert state.polls == 3
-    assert state.seen
+    assert state.polls == 4
+    assert state.seen == {call_key("search", {"q": "a"})}
     assert state.error_counts == {"search": 2}
     events, state = await poll_turn(state, UserMessage("again"), chat)
     assert state.polls == 1

@@ -23,6 +23,7 @@ from turnkeeper.core import (
     ToolUse,
     TurnkeeperError,
     Usage,
+    call_key,
 )
 from turnkeeper.events import (
     AnyEvent,
@@ -538,6 +539,47 @@ def test_a_response_flagged_unreadable_is_remembered(calls: tuple[dict[str, Any]
     assert (log.state.last_unreadable, fold(start, log.events).last_unreadable) == (False, False)
 
 
+@pytest.mark.parametrize(
+    ("text", "finish", "flawed"),
+    [
+        ("The weather is", "length", True),
+        (None, "length", True),
+        ("I will check. " * 10, "stop", True),
+        ("Done.", "stop", False),
+    ],
+)
+def test_a_reply_that_is_no_answer_is_remembered_until_the_next(
+    text: str | None, finish: str, flawed: bool
+) -> None:
+    log = Log()
+    log.push(MessageReceived(text="hi"))
+    log.push(responded(text=text, finish=finish))
+    assert (log.state.last_flawed, log.replayed().last_flawed) == (flawed, flawed)
+    log.push(DirectiveInjected(guard="repair", text="Reply again."))
+    log.push(results())
+    log.push(responded(call("a", "search")))
+    assert (log.state.last_flawed, log.replayed().last_flawed) == (False, False)
+
+
+def test_the_last_steps_failure_is_remembered_until_a_step_succeeds() -> None:
+    log = Log()
+    log.push(MessageReceived(text="hi"))
+    log.push(responded(call("a", "search", {"q": 1}), call("b", "search", {"q": 2})))
+    log.push(results(("a", "fine"), ("b", "boom", True)))
+    assert (log.state.last_failure, log.replayed().last_failure) == ("boom", "boom")
+    assert log.state.seen == {call_key("search", {"q": 1})}
+    log.push(responded(text="Sorry", finish="length"))
+    log.push(results())
+    assert (log.state.last_failure, log.replayed().last_failure) == ("boom", "boom")
+    log.push(responded(call("c", "search", {"q": 3})))
+    log.push(results(("c", "fine")))
+    assert (log.state.last_failure, log.replayed().last_failure) == (None, None)
+    log.push(responded(call("d", "search", {"q": 4})))
+    log.push(results(("d", "boom", True)))
+    log.push(MessageReceived(text="again"))
+    assert (log.state.last_failure, log.replayed().last_failure) == (None, None)
+
+
 def test_states_are_frozen() -> None:
     state = Log().state
     with pytest.raises(AttributeError):
@@ -619,7 +661,12 @@ GUARDS = st.sampled_from(["loop", "terminal", "final_turn"])
 
 
 other_event = st.one_of(
-    st.builds(lambda text, flag: responded(text=text, unreadable=flag), TEXTS, st.booleans()),
+    st.builds(
+        lambda text, flag, finish: responded(text=text, unreadable=flag, finish=finish),
+        TEXTS | st.just("Again. " * 20),
+        st.booleans(),
+        st.sampled_from([None, "length"]),
+    ),
     st.builds(lambda: ModelResponded(EMPTY, {"role": "assistant", "tool_calls": 5}, None, Usage())),
     st.builds(MessageReceived, text=TEXTS),
     st.builds(MessageQueued, text=TEXTS),

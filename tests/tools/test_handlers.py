@@ -8,7 +8,10 @@ import os
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from turnkeeper.core import AgentSpec, InputError, ToolResult, ToolSpec, ToolUse
 from turnkeeper.events import Envelope, ToolCalled, ToolReturned, encode_envelope
@@ -21,6 +24,7 @@ from turnkeeper.tools._handlers import (
     as_text,
     check_call,
     coerce_call,
+    run_each,
     run_tool,
 )
 
@@ -522,3 +526,88 @@ async def test_cancellation_without_a_timeout_also_propagates() -> None:
         outcomes.append(await run_one(handler))
     assert scope.cancelled_caught
     assert outcomes == []
+
+
+# call order
+
+
+ORDERED = AgentSpec(tools=(ToolSpec("step", "", {"type": "object"}),))
+BACKENDS = ["asyncio", "trio"]
+
+
+async def ordered_calls(count: int, concurrency: int, *, host: bool) -> tuple[list[int], list[int]]:
+    """Run one reply of `count` calls of `step` (each a checkpoint long) through run() or a
+    Host with `concurrency`: the order the handler ran them in, and the order their
+    `local.tool_call` events were logged in."""
+    ran: list[int] = []
+
+    async def step(n: int) -> str:
+        ran.append(n)
+        await anyio.lowlevel.checkpoint()
+        return str(n)
+
+    reply = tool_response(*[("step", {"n": n}) for n in range(count)])
+    chat = ScriptedChat([reply, text_response("done")])
+    if host:
+        async with Host(
+            chat=chat, log=MemoryLog(), tools={"step": step}, tool_concurrency=concurrency
+        ) as running:
+            session_id = await running.start(ORDERED, "go")
+            assert (await running.result(session_id, wait=30)).status == "idle"
+            events = await running.events(session_id)
+    else:
+        result = await run(ORDERED, "go", chat, tools={"step": step}, tool_concurrency=concurrency)
+        assert result.text == "done"
+        events = list(result.events)
+    logged = [e.event.input["n"] for e in events if isinstance(e.event, ToolCalled)]
+    return ran, logged
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("host", [False, True])
+def test_serial_tools_run_in_call_order(backend: str, host: bool) -> None:
+    ran, logged = anyio.run(lambda: ordered_calls(4, 1, host=host), backend=backend)
+    assert ran == logged == [0, 1, 2, 3]
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    count=st.integers(1, 8),
+    concurrency=st.integers(1, 9),
+    host=st.booleans(),
+    backend=st.sampled_from(BACKENDS),
+)
+def test_limited_tools_start_in_call_order(
+    count: int, concurrency: int, host: bool, backend: str
+) -> None:
+    ran, logged = anyio.run(lambda: ordered_calls(count, concurrency, host=host), backend=backend)
+    assert sorted(ran) == sorted(logged) == list(range(count))
+    if concurrency == 1:
+        assert ran == logged == list(range(count))
+    elif concurrency < count:
+        # Each later call starts when one before it is done.
+        assert ran[:concurrency] == list(range(concurrency))
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("limit", [None, 1, 2, 3, 10])
+async def test_run_each_runs_every_call_at_most_limit_at_a_time(limit: int | None) -> None:
+    uses = [ToolUse(f"c{n}", "step", {"n": n}) for n in range(7)]
+    started: list[str] = []
+    running = 0
+    most = 0
+
+    async def func(use: ToolUse) -> None:
+        nonlocal running, most
+        started.append(use.id)
+        running += 1
+        most = max(most, running)
+        await anyio.lowlevel.checkpoint()
+        await anyio.lowlevel.checkpoint()
+        running -= 1
+
+    await run_each(func, uses, limit=limit)
+    assert sorted(started) == sorted(use.id for use in uses)
+    assert most <= (limit or len(uses))
+    if limit is not None and limit < len(uses):
+        assert started == [use.id for use in uses]

@@ -1,7 +1,14 @@
 """Core: the spec types, the project's errors, guard settings, the chat type, shared
 text and JSON checks, and JSON-schema validation. It imports no other turnkeeper package."""
 
-from turnkeeper.core._calls import call_problem, is_unreadable, logged_unreadable, reply_problem
+from turnkeeper.core._calls import (
+    call_problem,
+    degenerate,
+    is_unreadable,
+    logged_unreadable,
+    reply_flaw,
+    reply_problem,
+)
 from turnkeeper.core._chat import Chat
 from turnkeeper.core._checks import check_count, check_seconds
 from turnkeeper.core._errors import (
@@ -25,6 +32,7 @@ from turnkeeper.core._guard_config import (
     LoopDetection,
     MaxTurns,
     Repair,
+    SelfFeeding,
     SmallModel,
     TerminalTool,
     check_guards,
@@ -81,6 +89,7 @@ __all__ = [
     "Message",
     "Repair",
     "ReplayError",
+    "SelfFeeding",
     "SeqError",
     "SmallModel",
     "TerminalTool",
@@ -100,6 +109,7 @@ __all__ = [
     "coerce",
     "decode_arguments",
     "decode_tool_uses",
+    "degenerate",
     "digest",
     "duplicate_content",
     "encodes",
@@ -112,6 +122,7 @@ __all__ = [
     "loggable",
     "logged_unreadable",
     "nests_deeper",
+    "reply_flaw",
     "reply_problem",
     "text_of",
     "tool_message",

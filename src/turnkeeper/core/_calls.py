@@ -1,8 +1,9 @@
-"""Whether a tool call may run: the one check shared by the runners, the repair guard and
-the fold."""
+"""Whether a tool call may run, and whether a reply is usable at all: the checks shared by
+the runners, the repair guard and the fold."""
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import msgspec
@@ -86,3 +87,50 @@ def reply_problem(spec: AgentSpec, uses: tuple[ToolUse, ...], unreadable: bool) 
         if problem is not None:
             return problem.removeprefix("Error: ").removesuffix(" Try again.")
     return None
+
+
+_TAIL_WORDS = 1000
+_MAX_PHRASE = 32
+_MIN_REPEATS = 5
+_MIN_SPAN = 15
+
+
+def reply_flaw(text: str | None, finish_reason: str | None) -> str | None:
+    """What makes a reply without tool calls unusable as an answer (cut off by the token
+    limit, or one phrase repeated over and over), or None."""
+    if finish_reason == "length":
+        return "it was cut off by the token limit"
+    if text and degenerate(text):
+        return "it repeats one phrase over and over"
+    return None
+
+
+def degenerate(text: str) -> bool:
+    """Whether `text` is mostly one phrase (of up to 32 words) repeated 5 or more times in a
+    row, spanning 15 words or more and half the text. Only the last 1000 words are read: a
+    model stuck in a repetition stays stuck to the end of its reply."""
+    words = text.split()[-_TAIL_WORDS:]
+    count = len(words)
+    if count < _MIN_SPAN:
+        return False
+    need = max(_MIN_SPAN, (count + 1) // 2)
+    # A repetition spanning `need` words holds at most a fifth of them, and at most
+    # _MAX_PHRASE, as distinct words: most prose has too many to be one.
+    if len(set(words)) > count - need + min(need // _MIN_REPEATS, _MAX_PHRASE):
+        return False
+    for phrase in range(1, min(_MAX_PHRASE, count // _MIN_REPEATS) + 1):
+        # A phrase repeated k times in a row is a run of (k - 1) * phrase words each equal
+        # to the word `phrase` places before it; the longest run is at most all of them.
+        least = max(need, _MIN_REPEATS * phrase) - phrase
+        if sum(map(operator.eq, words[phrase:], words)) < least:
+            continue
+        run = longest = 0
+        for index in range(phrase, count):
+            if words[index] == words[index - phrase]:
+                run += 1
+                longest = max(longest, run)
+            else:
+                run = 0
+        if longest >= least:
+            return True
+    return False

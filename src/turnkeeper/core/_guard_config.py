@@ -29,8 +29,10 @@ class DuplicateCalls(msgspec.Struct, frozen=True):
 
 
 class Repair(msgspec.Struct, frozen=True):
-    """A bad reply (an unknown tool, unreadable or invalid arguments) goes back to the model
-    as a tool error, once: a second bad reply in a row ends the run with an apology."""
+    """A bad reply goes back to the model once: bad calls (an unknown tool, unreadable or
+    invalid arguments) as tool errors, and a reply without calls that is not an answer
+    (unreadable, cut off by the token limit, or one phrase repeated) with a directive to
+    reply again. A second bad reply in a row ends the run with an apology."""
 
 
 class ConsecutiveErrors(msgspec.Struct, frozen=True):
@@ -44,6 +46,16 @@ class LoopDetection(msgspec.Struct, frozen=True):
     """Flag a repeat (same call and answer, or the same reply text) `warnings` times (0 or
     more), then halt."""
 
+    warnings: int = 1
+
+
+class SelfFeeding(msgspec.Struct, frozen=True):
+    """Flag a chain of calls that feed a tool its own results (each call the previous one
+    with that call's result put in; a square root of the last square root, say) once it
+    is longer than `max_links` (1 or more) links, `warnings` times (0 or more), then halt.
+    """
+
+    max_links: int = 2
     warnings: int = 1
 
 
@@ -86,6 +98,7 @@ class GuardConfig(msgspec.Struct, frozen=True):
     repair: Repair | None = Repair()
     consecutive_errors: ConsecutiveErrors | None = ConsecutiveErrors()
     loop: LoopDetection | None = LoopDetection()
+    self_feeding: SelfFeeding | None = SelfFeeding()
     terminal: TerminalTool | None = TerminalTool()
     budget: Budget | None = None
     small_model: SmallModel | None = None
@@ -98,6 +111,7 @@ _GUARD_KINDS: dict[str, type] = {
     "repair": Repair,
     "consecutive_errors": ConsecutiveErrors,
     "loop": LoopDetection,
+    "self_feeding": SelfFeeding,
     "terminal": TerminalTool,
     "budget": Budget,
     "small_model": SmallModel,
@@ -125,6 +139,9 @@ def check_guards(config: GuardConfig, *, since: GuardConfig | None = None) -> No
         if isinstance(value, ConsecutiveErrors):
             check_count(f"{field}.threshold", value.threshold, 1)
         elif isinstance(value, LoopDetection):
+            check_count(f"{field}.warnings", value.warnings, 0)
+        elif isinstance(value, SelfFeeding):
+            check_count(f"{field}.max_links", value.max_links, 1)
             check_count(f"{field}.warnings", value.warnings, 0)
         elif isinstance(value, TerminalTool):
             if not isinstance(value.required, bool):

@@ -9,6 +9,7 @@ from turnkeeper.core import (
     LoopDetection,
     MaxTurns,
     Repair,
+    SelfFeeding,
     SmallModel,
     TerminalTool,
 )
@@ -20,10 +21,12 @@ from turnkeeper.guards._builtin import (
     loop_detection,
     max_turns,
     repair,
+    repairs,
     terminal_tool,
     with_last_result,
 )
 from turnkeeper.guards._compose import compose
+from turnkeeper.guards._feeding import self_feeding
 from turnkeeper.guards._small_model import correct_reply, restate_request, resume_next_step, window
 from turnkeeper.guards._view import (
     CONTINUE,
@@ -41,6 +44,7 @@ default_guards: Guard = compose(
     max_turns,
     budget,
     loop_detection,
+    self_feeding,
     duplicate_calls,
     repair,
     consecutive_errors,
@@ -69,6 +73,7 @@ __all__ = [
     "Repair",
     "Reply",
     "SelfAnswer",
+    "SelfFeeding",
     "SmallModel",
     "TerminalTool",
     "Verdict",
@@ -82,8 +87,10 @@ __all__ = [
     "loop_detection",
     "max_turns",
     "repair",
+    "repairs",
     "restate_request",
     "resume_next_step",
+    "self_feeding",
     "terminal_tool",
     "window",
     "with_last_result",

@@ -12,6 +12,7 @@ from turnkeeper.core import (
     gist,
     key_arguments,
     last_tool_result,
+    reply_flaw,
     reply_problem,
     validate,
 )
@@ -20,6 +21,7 @@ from turnkeeper.guards._view import (
     Directive,
     GuardView,
     Halt,
+    Reply,
     SelfAnswer,
     Verdict,
     acts_in,
@@ -97,20 +99,53 @@ def duplicate_calls(view: GuardView) -> Verdict:
 
 @acts_in("after_response")
 def repair(view: GuardView) -> Verdict:
-    """End the run with an apology at the second bad reply in a row (an unknown tool, or
-    unreadable or invalid arguments); the first goes back to the model as tool errors from
-    whoever runs the tools. The previous reply is judged only when it might matter."""
+    """Send a bad reply back to the model once, and end the run with an apology at the
+    second bad reply in a row. Bad calls (an unknown tool, unreadable or invalid
+    arguments) go back as tool errors from whoever runs the tools; a reply without calls
+    that is not an answer (unreadable, cut off, or one phrase repeated) gets a directive to
+    reply again."""
     state = view.state
     reply = view.reply
     if view.phase != "after_response" or reply is None or state.guards.repair is None:
         return CONTINUE
-    if reply_problem(state.spec, state.reply_calls, state.last_unreadable) is None:
-        return CONTINUE
-    problem = reply_problem(state.spec, reply.calls, reply.unreadable)
+    # The previous reply first: it was judged before (call_problem remembers), and while it
+    # was good, a bad call here needs no judging (whoever runs it sends the tool error).
+    previous = reply_problem(state.spec, state.reply_calls, state.last_unreadable)
+    if previous is None and not state.last_flawed:
+        if reply.calls:
+            return CONTINUE
+        problem = _problem(state, reply)
+        if problem is None:
+            return CONTINUE
+        text = (
+            f"Your last reply could not be used: {problem}. Reply again: call one tool with "
+            "its arguments as a JSON object, or answer in a few plain sentences."
+        )
+        return Verdict(directives=(Directive("repair", text),))
+    problem = _problem(state, reply)
     if problem is None:
         return CONTINUE
-    lead = f"I'm sorry: I could not make a valid tool call ({gist(problem)})."
-    return Verdict(halt=Halt("repair", "bad_tool_calls", with_last_result(state, lead)))
+    if reply.calls or reply.unreadable:
+        lead = f"I'm sorry: I could not make a valid tool call ({gist(problem)})."
+        return Verdict(halt=Halt("repair", "bad_tool_calls", with_last_result(state, lead)))
+    lead = f"I'm sorry: I could not give a usable reply ({gist(problem)})."
+    return Verdict(halt=Halt("repair", "bad_reply", with_last_result(state, lead)))
+
+
+def _problem(state: SessionState, reply: Reply) -> str | None:
+    """What makes `reply` bad (see `repair`), or None."""
+    problem = reply_problem(state.spec, reply.calls, reply.unreadable)
+    if problem is None and not reply.calls:
+        return reply_flaw(reply.text, reply.finish_reason)
+    return problem
+
+
+def repairs(state: SessionState, reply: Reply) -> bool:
+    """Whether the repair guard takes `reply` as a bad reply without calls: one that other
+    guards judging answers leave to it."""
+    if state.guards.repair is None or reply.calls:
+        return False
+    return _problem(state, reply) is not None
 
 
 @acts_in("before_call")
@@ -176,7 +211,7 @@ def terminal_tool(view: GuardView) -> Verdict:
         arguments = coerce(tool.input_schema, call.input)
         if not validate(tool.input_schema, arguments):
             return Verdict(finish=msgspec.structs.replace(call, input=arguments))
-    if not config.required or reply.calls or reply.finish_reason != "stop":
+    if not config.required or reply.calls or reply.finish_reason != "stop" or repairs(state, reply):
         return CONTINUE
     if state.reprompts < config.max_reprompts:
         text = (

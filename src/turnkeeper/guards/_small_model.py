@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import re
 
-import msgspec
-
 from turnkeeper.core import Message, gist, text_of
+from turnkeeper.guards._builtin import repairs
 from turnkeeper.guards._view import CONTINUE, Directive, GuardView, Verdict, acts_in
 from turnkeeper.state import SessionState
 
@@ -64,14 +63,14 @@ def correct_reply(view: GuardView) -> Verdict:
     reply = view.reply
     if view.phase != "after_response" or reply is None or state.guards.small_model is None:
         return CONTINUE
-    if reply.calls or reply.finish_reason != "stop" or not reply.text:
+    if reply.calls or reply.finish_reason != "stop" or not reply.text or repairs(state, reply):
         return CONTINUE
     last = state.history[-1] if state.history else None
     if last is not None and last.get("role") == "user":
         said = text_of(last) or ""
         if said.startswith(CORRECTION):
             return CONTINUE
-    failure = _last_failure(state.history)
+    failure = state.last_failure
     if failure is not None and not _ACKNOWLEDGES.search(reply.text):
         text = (
             f"{CORRECTION}the last tool call failed: {gist(failure)}. Don't say it worked. "
@@ -105,30 +104,11 @@ def _echoed_result(history: tuple[Message, ...], text: str) -> str | None:
     return None
 
 
-def _last_failure(history: tuple[Message, ...]) -> str | None:
-    """The error text of the last tool result, if the last tool result was an error."""
-    for message in reversed(history):
-        role = message.get("role")
-        if role == "tool":
-            content = text_of(message) or ""
-            if not content.startswith('{"error"'):
-                return None
-            try:
-                decoded = msgspec.json.decode(content)
-            except (msgspec.DecodeError, RecursionError):  # RecursionError: nested too deep
-                return None
-            if not (isinstance(decoded, dict) and decoded.get("isError") is True):
-                return None
-            error = decoded.get("error")
-            # Not str() of anything else: its repr recurses as deep as the value nests.
-            return error if isinstance(error, str) else content
-        if role == "user" and not (text_of(message) or "").startswith(CORRECTION):
-            return None
-    return None
-
-
 def _pushed_tool(state: SessionState, text: str) -> str | None:
-    """The tool a reply tells the user to use ("use the search tool", "click Add to cart")."""
+    """The tool a reply tells the user to use ("use the search tool", "click Add to cart"):
+    of the tools whose whole name (its words, in order) follows such a verb, the one
+    naming most of the text, so "Add to cart" is `add_to_cart` beside a tool `add`."""
+    best: tuple[int, str] | None = None
     for tool in state.spec.tools:
         if tool.name == state.spec.terminal_tool:
             continue
@@ -136,9 +116,11 @@ def _pushed_tool(state: SessionState, text: str) -> str | None:
         if not words:
             continue
         name = r"[\s_.\-]*".join(words)
-        if re.search(_PUSHES + rf"\b{name}\b", text, re.IGNORECASE):
-            return tool.name
-    return None
+        for found in re.finditer(_PUSHES + rf"\b(?P<name>{name})\b", text, re.IGNORECASE):
+            length = len(found.group("name"))
+            if best is None or length > best[0]:
+                best = (length, tool.name)
+    return None if best is None else best[1]
 
 
 def window(history: tuple[Message, ...], state: SessionState) -> list[Message]:

@@ -13,7 +13,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
-from contextlib import AbstractContextManager, AsyncExitStack, asynccontextmanager, nullcontext
+from contextlib import AbstractContextManager, AsyncExitStack, asynccontextmanager
 from typing import Any, Literal, Self
 
 import anyio
@@ -1066,16 +1066,11 @@ class Host:
         return events
 
     async def _run_tools(self, session: _Session, uses: Sequence[ToolUse]) -> list[ToolResult]:
-        """Run the calls concurrently, at most `tool_concurrency` at a time (bad calls are
-        answered without running); results in call order. MCP server failures are logged
-        as they come back."""
+        """Run the calls concurrently, at most `tool_concurrency` at a time and started in
+        call order (bad calls are answered without running); results in call order. MCP
+        server failures are logged as they come back."""
         results: dict[str, ToolResult] = {}
         failures: list[McpFailed] = []
-        limiter = (
-            anyio.CapacityLimiter(self.tool_concurrency)
-            if len(uses) > self.tool_concurrency
-            else None
-        )
 
         async def one(use: ToolUse) -> None:
             refusal = session.refusal(session.state, use)
@@ -1088,21 +1083,20 @@ class Host:
             ctx = ToolContext(session.state.session_id, use.id, use.name)
             mcp = session.mcp
             failure: McpFailed | None = None
-            async with limiter if limiter is not None else nullcontext():
-                with tool_span(use, session.state.spec.tool(use.name)) as span:
-                    if mcp is not None and mcp.serves(use.name):
-                        result, failure = await mcp.call(use, ctx, timeout=self.tool_timeout)
-                    else:
-                        assert self._handler is not None
-                        result = await run_tool(self._handler, use, ctx, timeout=self.tool_timeout)
-                    span.result(result, failure)
+            with tool_span(use, session.state.spec.tool(use.name)) as span:
+                if mcp is not None and mcp.serves(use.name):
+                    result, failure = await mcp.call(use, ctx, timeout=self.tool_timeout)
+                else:
+                    assert self._handler is not None
+                    result = await run_tool(self._handler, use, ctx, timeout=self.tool_timeout)
+                span.result(result, failure)
             results[use.id] = result
             if failure is not None:
                 failures.append(failure)
             if result.is_error:
                 self._count("tool_errors")
 
-        await run_each(one, uses)
+        await run_each(one, uses, limit=self.tool_concurrency)
         if failures:
             async with session.lock:
                 await self._commit_events(session, failures)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import time
 from collections.abc import Callable, Sequence
@@ -118,7 +117,6 @@ class _Runner:
         timeout: float | None,
     ) -> tuple[ToolResult, ...]:
         results: dict[str, ToolResult] = {}
-        limiter = anyio.CapacityLimiter(concurrency) if len(uses) > concurrency else None
 
         async def one(use: ToolUse) -> None:
             refusal = check_call(spec, use) if mcp_tools is None else mcp_tools.refusal(use)
@@ -126,25 +124,24 @@ class _Runner:
                 results[use.id] = ToolResult(use.id, refusal, is_error=True)
                 return
             use = coerce_call(spec, use)
-            async with limiter if limiter is not None else contextlib.nullcontext():
-                await self.emit(ToolCalled(tool_call_id=use.id, name=use.name, input=use.input))
-                ctx = ToolContext(self.state.session_id, use.id, use.name)
-                with tool_span(use, spec.tool(use.name)) as span:
-                    failure = None
-                    if mcp_tools is not None and mcp_tools.serves(use.name):
-                        result, failure = await mcp_tools.call(use, ctx, timeout=timeout)
-                        if failure is not None:
-                            await self.emit(failure)
-                    else:
-                        assert handler is not None
-                        result = await run_tool(handler, use, ctx, timeout=timeout)
-                    span.result(result, failure)
-                await self.emit(
-                    ToolReturned(tool_call_id=use.id, text=result.text, is_error=result.is_error)
-                )
+            await self.emit(ToolCalled(tool_call_id=use.id, name=use.name, input=use.input))
+            ctx = ToolContext(self.state.session_id, use.id, use.name)
+            with tool_span(use, spec.tool(use.name)) as span:
+                failure = None
+                if mcp_tools is not None and mcp_tools.serves(use.name):
+                    result, failure = await mcp_tools.call(use, ctx, timeout=timeout)
+                    if failure is not None:
+                        await self.emit(failure)
+                else:
+                    assert handler is not None
+                    result = await run_tool(handler, use, ctx, timeout=timeout)
+                span.result(result, failure)
+            await self.emit(
+                ToolReturned(tool_call_id=use.id, text=result.text, is_error=result.is_error)
+            )
             results[use.id] = result
 
-        await run_each(one, uses)
+        await run_each(one, uses, limit=concurrency)
         return tuple(results[use.id] for use in uses)
 
 

@@ -28,6 +28,7 @@ from turnkeeper.core import (
     error_content,
     key_arguments,
     logged_unreadable,
+    reply_flaw,
     text_of,
     tool_message,
     tool_uses_of,
@@ -61,8 +62,10 @@ class SessionState(msgspec.Struct, frozen=True, gc=False):
     """Everything a session is, immutable. Advanced only by applying events.
 
     `in_poll` is true between a poll's input and the model's answer: a session rebuilt
-    in that window (after a crash) makes that model call again. `reply_calls` and
-    `last_unreadable` describe the model's last reply in the episode (for the repair guard).
+    in that window (after a crash) makes that model call again. `reply_calls`,
+    `last_unreadable` and `last_flawed` describe the model's last reply in the episode
+    (for the repair guard); `last_failure` is the error of the episode's last tool step
+    when its last result was an error.
     `queued` holds the messages accepted while the session was busy, oldest first.
 
     Not tracked by the cycle collector (`gc=False`): it holds only data, which cannot
@@ -98,6 +101,8 @@ class SessionState(msgspec.Struct, frozen=True, gc=False):
     halt_message: str | None = None
     request: str | None = None
     last_unreadable: bool = False
+    last_flawed: bool = False
+    last_failure: str | None = None
     reply_calls: tuple[ToolUse, ...] = ()
     queued: tuple[str, ...] = ()
     stop_reason: str | None = None
@@ -113,10 +118,14 @@ class SessionState(msgspec.Struct, frozen=True, gc=False):
 
 
 def initial_state(session_id: str, opened: SessionOpened) -> SessionState:
-    """The state a `local.session_opened` event describes, before it is logged (seq 0)."""
+    """The state a `local.session_opened` event describes, before it is logged (seq 0).
+
+    A reattached transcript's last episode (from its last user message on) is remembered
+    as a live one would be: its calls are seen, its results' answers and error counts
+    kept, and a failure of its last tool step known."""
     history = opened.history
     pending, status = _pending_of(history)
-    return SessionState(
+    state = SessionState(
         reply_calls=_last_reply_calls(history),
         session_id=session_id,
         spec=opened.spec,
@@ -127,6 +136,58 @@ def initial_state(session_id: str, opened: SessionOpened) -> SessionState:
         status=status,
         pending=pending,
     )
+    return _remembering(state) if opened.resume else state
+
+
+def _remembering(state: SessionState) -> SessionState:
+    """`state` with its transcript's last episode remembered (see `initial_state`)."""
+    history = state.history
+    start = next(
+        (i + 1 for i in range(len(history) - 1, -1, -1) if history[i].get("role") == "user"), 0
+    )
+    memory = _Memory(state)
+    calls: dict[str, ToolUse] = {}
+    for message in history[start:]:
+        role = message.get("role")
+        if role == "assistant":
+            for use in _history_calls(message):
+                calls[use.id] = use
+                memory.see(call_key(use.name, use.input))
+        elif role == "tool":
+            called = calls.get(str(message.get("tool_call_id")))
+            content = text_of(message)
+            if called is None or content is None or content.startswith(_NOT_RESULTS):
+                continue
+            if content.startswith(_SKIPPED):
+                # Never run: a repeat of it is no duplicate.
+                memory.forget(call_key(called.name, called.input))
+                continue
+            error = _error_of(content)
+            memory.result(called, content, error is not None, error)
+    return memory.put(state)
+
+
+_NOT_RESULTS = ('{"duplicate":true', '{"ok":true}')
+"""How the tool messages that answer a call without its result start: a self-answered
+duplicate, a terminal tool's call accepted."""
+_SKIPPED = '{"skipped":true'
+"""How the notice of a call that was not run starts."""
+
+
+def _error_of(content: str) -> str | None:
+    """The error a tool message reports (`{"error": ..., "isError": true}`): its text, or
+    the whole content when the error is not text; None for any other content."""
+    if not content.startswith('{"error"'):
+        return None
+    try:
+        decoded = msgspec.json.decode(content)
+    except (msgspec.DecodeError, RecursionError):  # RecursionError: nested too deep
+        return None
+    if not (isinstance(decoded, dict) and decoded.get("isError") is True):
+        return None
+    error = decoded.get("error")
+    # Not str() of anything else: its repr recurses as deep as the value nests.
+    return error if isinstance(error, str) else content
 
 
 def _pending_of(history: tuple[Message, ...]) -> tuple[tuple[ToolUse, ...], Status]:
@@ -266,6 +327,8 @@ def _apply_message(state: SessionState, event: Any, envelope: Envelope) -> Sessi
         halt_message=None,
         request=event.text,
         last_unreadable=False,
+        last_flawed=False,
+        last_failure=None,
         reply_calls=(),
         status="running",
         in_poll=True,
@@ -377,12 +440,14 @@ def _apply_response(state: SessionState, event: Any, envelope: Envelope) -> Sess
     texts = state.texts
     repeats = state.repeats
     last_repeat = state.last_repeat
+    flawed = False
     if uses:
         seen = seen | {call_key(use.name, use.input) for use in uses}
         status: Status = "requires_action"
         stop_reason = "tool_use"
     else:
         text = text_of(message)
+        flawed = reply_flaw(text, event.finish_reason) is not None
         if text and text.strip():
             mark = digest(" ".join(text.split()))
             if mark in texts:
@@ -405,6 +470,7 @@ def _apply_response(state: SessionState, event: Any, envelope: Envelope) -> Sess
         usage=state.usage + event.usage,
         episode_usage=state.episode_usage + event.usage,
         last_unreadable=logged_unreadable(event.response),
+        last_flawed=flawed,
         reply_calls=uses,
         status=status,
         in_poll=False,
@@ -421,50 +487,132 @@ def _apply_results(state: SessionState, event: Any, envelope: Envelope) -> Sessi
             f"session {state.session_id}: seq {seq} answers tool calls {answered}, "
             f"but {sorted(by_id)} were pending"
         )
-    # Copied on first change: states share what they do not change.
-    error_counts = state.error_counts
-    answers = state.answers
-    repeats = state.repeats
-    last_repeat = state.last_repeat
     messages: list[Message] = []
+    # Only a result that changes what the episode remembers needs a _Memory: most do not.
+    memory: _Memory | None = None
     for result in event.results:
-        use = by_id[result.tool_use_id]
         message = _answer(result)
-        content = message["content"]
         messages.append(message)
-        if result.is_error or use.name in error_counts:
-            if error_counts is state.error_counts:
-                error_counts = dict(error_counts)
-            if result.is_error:
-                error_counts[use.name] = error_counts.get(use.name, 0) + 1
-            else:
-                del error_counts[use.name]
-        if not _can_run_again(state, use.name):
+        use = by_id[result.tool_use_id]
+        if memory is None and not (
+            result.is_error
+            or state.answers
+            or use.name in state.error_counts
+            or _can_run_again(state, use.name)
+        ):
             continue
-        if answers is state.answers:
-            answers = dict(answers)
-        key = call_key(use.name, use.input)
+        if memory is None:
+            memory = _Memory(state)
+        error = result.text if result.is_error else None
+        memory.result(use, message["content"], result.is_error, error)
+    history = state.history + (
+        tuple(messages) + state.deferred if state.deferred else tuple(messages)
+    )
+    changes: dict[str, Any] = {
+        "seq": seq,
+        "history": history,
+        "deferred": (),
+        "returned": (),
+        "pending": (),
+        "status": "running",
+        "in_poll": True,
+        "stop_reason": None,
+    }
+    if memory is not None:
+        return memory.put(state, **changes)
+    # Every result a success the episode need not remember: the step failed in nothing.
+    return _replace(state, last_failure=None if messages else state.last_failure, **changes)
+
+
+class _Memory:
+    """What an episode remembers of its calls' results, changed one result at a time: the
+    calls seen, the consecutive errors per tool, the answers loop detection compares, the
+    repeats it found and the last step's failure. Each field is copied on its first change:
+    states share what they do not change."""
+
+    __slots__ = (
+        "answers",
+        "error_counts",
+        "last_failure",
+        "last_repeat",
+        "repeats",
+        "seen",
+        "state",
+    )
+
+    def __init__(self, state: SessionState) -> None:
+        self.state = state
+        self.seen: frozenset[str] | set[str] = state.seen
+        self.error_counts = state.error_counts
+        self.answers = state.answers
+        self.repeats = state.repeats
+        self.last_repeat = state.last_repeat
+        self.last_failure = state.last_failure
+
+    def see(self, key: str) -> None:
+        """Remember a call made (by its key)."""
+        self._seen().add(key)
+
+    def forget(self, key: str) -> None:
+        """Forget a call made (by its key): the same call may run."""
+        self._seen().discard(key)
+
+    def _seen(self) -> set[str]:
+        seen = self.seen
+        if not isinstance(seen, set):
+            seen = self.seen = set(seen)
+        return seen
+
+    def result(self, use: ToolUse, content: str, is_error: bool, error: str | None) -> None:
+        """Remember the result of `use`, sent to the model as `content`; `error` is its error
+        text when `is_error`.
+
+        A failed call is no longer seen (its retry, or the corrected call, runs) and its
+        answer is remembered, so loop detection judges a repeat by what it returns, as it
+        does for every call of a tool that may run twice."""
+        name = use.name
+        counts = self.error_counts
+        if is_error or name in counts:
+            if counts is self.state.error_counts:
+                counts = self.error_counts = dict(counts)
+            if is_error:
+                counts[name] = counts.get(name, 0) + 1
+            else:
+                del counts[name]
+        self.last_failure = error if is_error else None
+        key: str | None = None
+        if is_error:
+            key = call_key(name, use.input)
+            self.forget(key)
+        elif not _can_run_again(self.state, name):
+            if not self.answers:
+                return
+            key = call_key(name, use.input)
+            if key not in self.answers:
+                return
+        if key is None:
+            key = call_key(name, use.input)
+        answers = self.answers
+        if answers is self.state.answers:
+            answers = self.answers = dict(answers)
         # The content itself (shared with the history) rather than a digest: no hashing.
         if answers.get(key) == content:
-            repeats += 1
-            last_repeat = f"{use.name}({key_arguments(key)})"
+            self.repeats += 1
+            self.last_repeat = f"{name}({key_arguments(key)})"
         answers[key] = content
-    return msgspec.structs.replace(
-        state,
-        seq=seq,
-        history=state.history
-        + (tuple(messages) + state.deferred if state.deferred else tuple(messages)),
-        deferred=(),
-        returned=(),
-        pending=(),
-        error_counts=error_counts,
-        answers=answers,
-        repeats=repeats,
-        last_repeat=last_repeat,
-        status="running",
-        in_poll=True,
-        stop_reason=None,
-    )
+
+    def put(self, state: SessionState, **changes: Any) -> SessionState:
+        """`state` with what this memory holds, and `changes`."""
+        return _replace(
+            state,
+            seen=self.seen if isinstance(self.seen, frozenset) else frozenset(self.seen),
+            error_counts=self.error_counts,
+            answers=self.answers,
+            repeats=self.repeats,
+            last_repeat=self.last_repeat,
+            last_failure=self.last_failure,
+            **changes,
+        )
 
 
 def _can_run_again(state: SessionState, name: str) -> bool:
@@ -512,6 +660,7 @@ class _Trip:
         "completion_tokens",
         "history",
         "in_poll",
+        "last_failure",
         "last_response",
         "pending",
         "polls",
@@ -534,6 +683,7 @@ class _Trip:
         self.prompt_tokens = 0
         self.completion_tokens = 0
         self.last_response: msgspec.Raw | None = None
+        self.last_failure = state.last_failure
         self.status = state.status
         self.in_poll = state.in_poll
         self.stop_reason = state.stop_reason
@@ -563,6 +713,9 @@ class _Trip:
             last_unreadable=state.last_unreadable
             if self.last_response is None
             else logged_unreadable(self.last_response),
+            # A reply the trip applied called tools, so it is not flawed.
+            last_flawed=state.last_flawed and self.last_response is None,
+            last_failure=self.last_failure,
             status=self.status,
             in_poll=self.in_poll,
             stop_reason=self.stop_reason,
@@ -612,8 +765,8 @@ class _Trip:
     def close(self, event: ToolResultsReceived) -> bool:
         """Apply the results of the pending calls, as `_apply_results` does, when there is
         nothing else to do: results in call order, no error or error count to change, no
-        answer loop detection must remember, no deferred directive. False, and nothing
-        changed, otherwise."""
+        answer loop detection must remember or compare, no deferred directive. False, and
+        nothing changed, otherwise."""
         results = event.results
         pending = self.pending
         if len(results) != len(pending) or self.state.deferred:
@@ -630,10 +783,15 @@ class _Trip:
         if len(pending) > 1 and len({use.id for use in pending}) < len(pending):
             # Two calls of one id: the rule says what is wrong.
             return False
+        answers = self.state.answers
+        if answers and any(call_key(use.name, use.input) in answers for use in pending):
+            return False
         history = self.history
         for result in results:
             history.append(tool_message(result.tool_use_id, result.text))
         self.returned.clear()
+        if results:
+            self.last_failure = None
         self.pending = ()
         self.status = "running"
         self.in_poll = True

@@ -150,13 +150,33 @@ async def run_tool(
 
 
 async def run_each(
-    func: Callable[[ToolUse], Coroutine[Any, Any, None]], uses: Sequence[ToolUse]
+    func: Callable[[ToolUse], Coroutine[Any, Any, None]],
+    uses: Sequence[ToolUse],
+    *,
+    limit: int | None = None,
 ) -> None:
-    """Run `func` on every call at once; a lone call (the usual case) runs inline, since a
+    """Run `func` on every call, at most `limit` at a time (all at once without a limit).
+    Under a limit the calls start in call order, so serial tools (`limit=1`) run one after
+    another in the order the model made them: a task group alone starts its tasks in no
+    set order (trio picks at random). A lone call (the usual case) runs inline, since a
     task group costs about a tenth of a turn's CPU time."""
-    if len(uses) == 1:
-        await func(uses[0])
-        return
-    async with anyio.create_task_group() as group:
+    if len(uses) == 1 or limit == 1:
         for use in uses:
-            group.start_soon(func, use)
+            await func(use)
+        return
+    if limit is None or limit >= len(uses):
+        async with anyio.create_task_group() as group:
+            for use in uses:
+                group.start_soon(func, use)
+        return
+    # Each worker takes the next call as it gets free: taking one is atomic between
+    # checkpoints, so the calls are taken, and started, in order.
+    queue = iter(uses)
+
+    async def worker() -> None:
+        for use in queue:
+            await func(use)
+
+    async with anyio.create_task_group() as group:
+        for _ in range(limit):
+            group.start_soon(worker)

@@ -32,6 +32,8 @@ class BadRequest(NamedTuple):
     content: bytes | None = None
     headers: dict[str, str] = JSON
     chunked: bool = False
+    message: str | None = None
+    """Words the error message must hold, when the status and field alone do not tell."""
 
 
 TOO_LARGE = b'{"prompt": "' + b"x" * (LIMITS.max_body_bytes + 10) + b'"}'
@@ -40,6 +42,42 @@ CASES = [
     BadRequest("bad JSON", "POST", "/v1/sessions", 400, "body", content=b'{"prompt": '),
     BadRequest("not UTF-8", "POST", "/v1/sessions", 400, "body", content=b'{"prompt": "\xff"}'),
     BadRequest("empty body", "POST", "/v1/sessions", 400, "body", content=b""),
+    BadRequest(
+        "lone high surrogate",
+        "POST",
+        "/v1/sessions",
+        422,
+        "prompt",
+        content=b'{"prompt": "\\ud800"}',
+        message="prompt: holds a lone surrogate",
+    ),
+    BadRequest(
+        "lone low surrogate deep in the body",
+        "POST",
+        "/v1/sessions",
+        422,
+        "spec.tools[1].description",
+        content=b'{"spec": {"tools": [{"name": "a"}, {"name": "b", "description": "x\\udc00"}]}}',
+        message="spec.tools[1].description: holds a lone surrogate",
+    ),
+    BadRequest(
+        "lone surrogate in a key",
+        "POST",
+        "/v1/sessions",
+        422,
+        "history[0]",
+        content=b'{"history": [{"role": "user", "\\ud83dx": 1}]}',
+        message="history[0]: has a key that holds a lone surrogate",
+    ),
+    BadRequest(
+        "lone surrogate and bad JSON",
+        "POST",
+        "/v1/sessions",
+        400,
+        "body",
+        content=b'{"prompt": "\\ud800", ',
+        message="not valid JSON",
+    ),
     BadRequest(
         "deep JSON",
         "POST",
@@ -439,6 +477,8 @@ def check_error(case: BadRequest, status: int, body: bytes) -> None:
     error = msgspec.json.decode(body, type=ErrorBody).error
     assert error.field == case.field, f"{case.name}: field {error.field!r} ({error.message})"
     assert error.message
+    if case.message is not None:
+        assert case.message in error.message, f"{case.name}: {error.message}"
     assert "Traceback" not in error.message
     # No error names a session that was never made.
     assert "never-made" not in error.message

@@ -38,6 +38,7 @@ from turnkeeper.service._schemas import (
 )
 from turnkeeper.service._sse import event_stream
 from turnkeeper.service._strict import unknown_field
+from turnkeeper.service._surrogates import lone_surrogate
 from turnkeeper.service._unread import CloseUnreadBodies
 from turnkeeper.sessions import Busy, Host, HostStopped, UnknownSession, open_session
 
@@ -298,6 +299,9 @@ class _Api:
         except msgspec.ValidationError as exc:
             raise validation_error(exc) from None
         except msgspec.DecodeError as exc:
+            surrogate = lone_surrogate(body)
+            if surrogate is not None:
+                raise ApiError(422, surrogate[1], surrogate[0]) from None
             raise ApiError(400, f"body: not valid JSON ({exc})", "body") from None
         except RecursionError:
             raise ApiError(400, _TOO_DEEP, "body") from None

@@ -101,10 +101,23 @@ async def serve(
                         ready(listening)
                 _log.info("service.stopping_host")
             outer.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        # The task groups wrap what the log or the Host raised (at start-up: a table
+        # missing, a session that cannot be read back): raised as itself, it is the error
+        # a caller looks for, and the CLI prints it as one line.
+        raise _only(group) from None
     finally:
         for sock in sockets.insecure_sockets:
             sock.close()
     _log.info("service.stopped")
+
+
+def _only(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The one exception inside `group` and the groups it holds; `group` if it holds more."""
+    inner: BaseException = group
+    while isinstance(inner, BaseExceptionGroup) and len(inner.exceptions) == 1:
+        inner = inner.exceptions[0]
+    return group if isinstance(inner, BaseExceptionGroup) else inner
 
 
 def _listen(host: str, port: int) -> tuple[Config, Sockets]:

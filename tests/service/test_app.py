@@ -196,6 +196,29 @@ async def test_every_bad_request_is_a_4xx_naming_the_field_and_changes_nothing()
             assert await snapshot(client, [idle, waiting]) == before, case.name
 
 
+@pytest.mark.parametrize(
+    ("path", "methods"),
+    [
+        ("/v1/sessions", {"GET", "HEAD", "POST"}),
+        ("/v1/sessions/x", {"GET", "HEAD"}),
+        ("/v1/sessions/x/messages", {"POST"}),
+        ("/v1/openapi.json", {"GET", "HEAD"}),
+    ],
+)
+async def test_a_method_a_path_does_not_take_is_405_listing_every_one_it_does(
+    path: str, methods: set[str]
+) -> None:
+    async with running() as (client, _):
+        for method in ("PUT", "DELETE", "OPTIONS", "PATCH"):
+            response = await client.request(method, path)
+            assert response.status_code == 405
+            allowed = {name.strip() for name in response.headers["allow"].split(",")}
+            assert allowed == methods
+            assert response.json()["error"]["message"] == "Method Not Allowed"
+        if "HEAD" in methods:
+            assert (await client.head(path)).status_code != 405
+
+
 async def test_a_body_nested_to_the_limit_is_taken_and_one_level_deeper_is_refused() -> None:
     def body(levels: int) -> dict[str, Any]:
         """A create body nesting `levels` levels deep: a history message's extra field

@@ -74,17 +74,16 @@ def create_app(
     sessions = "/v1/sessions"
     one = sessions + "/{session_id}"
     routes = [
-        Route(sessions, _guarded(api.create), methods=["POST"]),
-        Route(sessions, _guarded(api.list_sessions), methods=["GET"]),
-        Route(one, _guarded(api.get), methods=["GET"]),
-        Route(one + "/messages", _guarded(api.message), methods=["POST"]),
-        Route(one + "/tool_results", _guarded(api.tool_results), methods=["POST"]),
-        Route(one + "/cancel", _guarded(api.cancel), methods=["POST"]),
-        Route(one + "/events", _guarded(api.events), methods=["GET"]),
-        Route(one + "/events/stream", _guarded(api.stream), methods=["GET"]),
-        Route(HEALTH_PATH, _guarded(api.health), methods=["GET"]),
-        Route("/v1/metrics", _guarded(api.metrics), methods=["GET"]),
-        Route("/v1/openapi.json", _guarded(api.openapi), methods=["GET"]),
+        _route(sessions, POST=api.create, GET=api.list_sessions),
+        _route(one, GET=api.get),
+        _route(one + "/messages", POST=api.message),
+        _route(one + "/tool_results", POST=api.tool_results),
+        _route(one + "/cancel", POST=api.cancel),
+        _route(one + "/events", GET=api.events),
+        _route(one + "/events/stream", GET=api.stream),
+        _route(HEALTH_PATH, GET=api.health),
+        _route("/v1/metrics", GET=api.metrics),
+        _route("/v1/openapi.json", GET=api.openapi),
     ]
     return Starlette(
         routes=routes,
@@ -339,6 +338,17 @@ class _Api:
         except UnknownSession:
             return False
         return True
+
+
+def _route(path: str, **endpoints: Endpoint) -> Route:
+    """One route for `path`, each method to its endpoint (HEAD as GET): one route, so a
+    405 lists in `Allow` every method the path takes."""
+    guarded = {method: _guarded(endpoint) for method, endpoint in endpoints.items()}
+
+    async def by_method(request: Request) -> Response:
+        return await guarded["GET" if request.method == "HEAD" else request.method](request)
+
+    return Route(path, by_method, methods=list(endpoints))
 
 
 def _guarded(endpoint: Endpoint) -> Endpoint:

@@ -37,7 +37,7 @@ from turnkeeper.service._schemas import (
     SessionPage,
 )
 from turnkeeper.service._sse import event_stream
-from turnkeeper.service._strict import unknown_field
+from turnkeeper.service._strict import integral_floats_as_ints, unknown_field
 from turnkeeper.service._surrogates import lone_surrogate
 from turnkeeper.service._unread import CloseUnreadBodies
 from turnkeeper.sessions import Busy, Host, HostStopped, UnknownSession, open_session
@@ -296,7 +296,7 @@ class _Api:
         try:
             decoded = msgspec.json.decode(body, type=kind)
         except msgspec.ValidationError as exc:
-            raise validation_error(exc) from None
+            decoded = _with_integral_floats(body, kind, exc)
         except msgspec.DecodeError as exc:
             surrogate = lone_surrogate(body)
             if surrogate is not None:
@@ -405,6 +405,22 @@ def _parse_int(name: str, raw: str, minimum: int, maximum: int | None = None) ->
     if value < minimum or (maximum is not None and value > maximum):
         raise problem
     return value
+
+
+def _with_integral_floats(body: bytes, kind: type[_S], refused: msgspec.ValidationError) -> _S:
+    """`body` decoded as `kind` once its floats with no fraction are made ints where it
+    takes ints (`{"max_turns": 3.0}`); a 422 for `refused` if it holds none of them."""
+    try:
+        plain = msgspec.json.decode(body)
+    except msgspec.ValidationError:  # a number out of range
+        raise validation_error(refused) from None
+    fixed = integral_floats_as_ints(plain, kind)
+    if fixed is plain:
+        raise validation_error(refused) from None
+    try:
+        return msgspec.convert(fixed, kind)
+    except msgspec.ValidationError as exc:
+        raise validation_error(exc) from None
 
 
 def _check_prompt_follows(body: CreateSession) -> None:

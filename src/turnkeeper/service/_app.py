@@ -47,6 +47,7 @@ Endpoint = Callable[[Request], Awaitable[Response]]
 
 HEALTH_PATH = "/v1/healthz"
 _JSON = "application/json"
+_NUMBER = re.compile(r"-?[0-9]+(\.[0-9]+)?([eE][+-]?[0-9]+)?")
 _FIELD_PREFIX = re.compile(r"^(?P<field>[A-Za-z_][\w.\[\]]*): ")
 _DEFAULT_PAGE = 100
 _BUSY_RETRY_SECONDS = 1
@@ -324,10 +325,8 @@ class _Api:
         raw = request.query_params.get("wait")
         if raw is None:
             return 0.0
-        try:
-            wait = float(raw)
-        except ValueError:
-            wait = math.nan
+        # A JSON number, as the document says: float() also takes "1_0", " 1" and "inf".
+        wait = float(raw) if _NUMBER.fullmatch(raw) else math.nan
         if not math.isfinite(wait) or wait < 0:
             raise ApiError(422, f"wait: expected a number of seconds >= 0, got {raw!r}", "wait")
         return min(wait, self.limits.max_wait_seconds)

@@ -83,8 +83,11 @@ def main() -> None:
     parser.add_argument("--log", required=True)
     parser.add_argument("--ping", type=float, default=15.0)
     parser.add_argument("--header-timeout", type=float, default=LIMITS.header_timeout_seconds)
+    parser.add_argument("--max-wait", type=float, default=LIMITS.max_wait_seconds)
     args = parser.parse_args()
-    limits = msgspec.structs.replace(LIMITS, header_timeout_seconds=args.header_timeout)
+    limits = msgspec.structs.replace(
+        LIMITS, header_timeout_seconds=args.header_timeout, max_wait_seconds=args.max_wait
+    )
 
     def ready(listening: Listening) -> None:
         print(json.dumps({"url": listening.url, "token": listening.token, "port": listening.port}))

@@ -42,6 +42,26 @@ CASES = [
     BadRequest("bad JSON", "POST", "/v1/sessions", 400, "body", content=b'{"prompt": '),
     BadRequest("not UTF-8", "POST", "/v1/sessions", 400, "body", content=b'{"prompt": "\xff"}'),
     BadRequest("empty body", "POST", "/v1/sessions", 400, "body", content=b""),
+    # msgspec finds the wrong type first, then the JSON unfinished.
+    BadRequest("an unfinished array", "POST", "/v1/sessions", 400, "body", content=b"["),
+    BadRequest(
+        "a wrong type, unfinished",
+        "POST",
+        "/v1/sessions",
+        400,
+        "body",
+        content=b'{"prompt": 5, ',
+        message="not valid JSON",
+    ),
+    BadRequest(
+        "a wrong type, then a lone surrogate",
+        "POST",
+        "/v1/sessions",
+        422,
+        "system_prompt",
+        content=b'{"prompt": 5, "system_prompt": "\\udc00"}',
+        message="system_prompt: holds a lone surrogate",
+    ),
     BadRequest(
         "lone high surrogate",
         "POST",

@@ -298,13 +298,8 @@ class _Api:
             decoded = msgspec.json.decode(body, type=kind)
         except msgspec.ValidationError as exc:
             decoded = _with_integral_floats(body, kind, exc)
-        except msgspec.DecodeError as exc:
-            surrogate = lone_surrogate(body)
-            if surrogate is not None:
-                raise ApiError(422, surrogate[1], surrogate[0]) from None
-            raise ApiError(400, f"body: not valid JSON ({exc})", "body") from None
-        except RecursionError:
-            raise ApiError(400, _TOO_DEEP, "body") from None
+        except (msgspec.DecodeError, RecursionError) as exc:
+            raise _not_json(body, exc) from None
         # It decoded as `kind`, so it decodes as plain JSON too.
         plain = msgspec.json.decode(body)
         # Decoded here, it may still nest too deep for the log to encode, deeper in the stack.
@@ -413,6 +408,9 @@ def _with_integral_floats(body: bytes, kind: type[_S], refused: msgspec.Validati
         plain = msgspec.json.decode(body)
     except msgspec.ValidationError:  # a number out of range
         raise validation_error(refused) from None
+    except (msgspec.DecodeError, RecursionError) as exc:
+        # Typed, msgspec stops at the first value of a wrong type, before the JSON's end.
+        raise _not_json(body, exc) from None
     fixed = integral_floats_as_ints(plain, kind)
     if fixed is plain:
         raise validation_error(refused) from None
@@ -420,6 +418,17 @@ def _with_integral_floats(body: bytes, kind: type[_S], refused: msgspec.Validati
         return msgspec.convert(fixed, kind)
     except msgspec.ValidationError as exc:
         raise validation_error(exc) from None
+
+
+def _not_json(body: bytes, exc: msgspec.DecodeError | RecursionError) -> ApiError:
+    """The 4xx for a body msgspec cannot read as JSON: one that nests too deep, one with a
+    lone surrogate (which msgspec misnames), or one that is not JSON."""
+    if isinstance(exc, RecursionError):
+        return ApiError(400, _TOO_DEEP, "body")
+    surrogate = lone_surrogate(body)
+    if surrogate is not None:
+        return ApiError(422, surrogate[1], surrogate[0])
+    return ApiError(400, f"body: not valid JSON ({exc})", "body")
 
 
 def _check_prompt_follows(body: CreateSession) -> None:

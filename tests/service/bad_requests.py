@@ -32,6 +32,8 @@ class BadRequest(NamedTuple):
     content: bytes | None = None
     headers: dict[str, str] = JSON
     chunked: bool = False
+    message: str | None = None
+    """Words the error message must hold, when the status and field alone do not tell."""
 
 
 TOO_LARGE = b'{"prompt": "' + b"x" * (LIMITS.max_body_bytes + 10) + b'"}'
@@ -40,6 +42,62 @@ CASES = [
     BadRequest("bad JSON", "POST", "/v1/sessions", 400, "body", content=b'{"prompt": '),
     BadRequest("not UTF-8", "POST", "/v1/sessions", 400, "body", content=b'{"prompt": "\xff"}'),
     BadRequest("empty body", "POST", "/v1/sessions", 400, "body", content=b""),
+    # msgspec finds the wrong type first, then the JSON unfinished.
+    BadRequest("an unfinished array", "POST", "/v1/sessions", 400, "body", content=b"["),
+    BadRequest(
+        "a wrong type, unfinished",
+        "POST",
+        "/v1/sessions",
+        400,
+        "body",
+        content=b'{"prompt": 5, ',
+        message="not valid JSON",
+    ),
+    BadRequest(
+        "a wrong type, then a lone surrogate",
+        "POST",
+        "/v1/sessions",
+        422,
+        "system_prompt",
+        content=b'{"prompt": 5, "system_prompt": "\\udc00"}',
+        message="system_prompt: holds a lone surrogate",
+    ),
+    BadRequest(
+        "lone high surrogate",
+        "POST",
+        "/v1/sessions",
+        422,
+        "prompt",
+        content=b'{"prompt": "\\ud800"}',
+        message="prompt: holds a lone surrogate",
+    ),
+    BadRequest(
+        "lone low surrogate deep in the body",
+        "POST",
+        "/v1/sessions",
+        422,
+        "spec.tools[1].description",
+        content=b'{"spec": {"tools": [{"name": "a"}, {"name": "b", "description": "x\\udc00"}]}}',
+        message="spec.tools[1].description: holds a lone surrogate",
+    ),
+    BadRequest(
+        "lone surrogate in a key",
+        "POST",
+        "/v1/sessions",
+        422,
+        "history[0]",
+        content=b'{"history": [{"role": "user", "\\ud83dx": 1}]}',
+        message="history[0]: has a key that holds a lone surrogate",
+    ),
+    BadRequest(
+        "lone surrogate and bad JSON",
+        "POST",
+        "/v1/sessions",
+        400,
+        "body",
+        content=b'{"prompt": "\\ud800", ',
+        message="not valid JSON",
+    ),
     BadRequest(
         "deep JSON",
         "POST",
@@ -403,6 +461,9 @@ CASES = [
     BadRequest("wait not a number", "GET", "/v1/sessions/{idle}/events?wait=soon", 422, "wait"),
     BadRequest("wait not finite", "GET", "/v1/sessions/{idle}?wait=nan", 422, "wait"),
     BadRequest("negative wait", "GET", "/v1/sessions/{idle}?wait=-1", 422, "wait"),
+    BadRequest("wait with a digit separator", "GET", "/v1/sessions/{idle}?wait=1_0", 422, "wait"),
+    BadRequest("wait with a space", "GET", "/v1/sessions/{idle}?wait=%201", 422, "wait"),
+    BadRequest("wait infinite", "GET", "/v1/sessions/{idle}?wait=infinity", 422, "wait"),
     BadRequest("limit 0", "GET", "/v1/sessions?limit=0", 422, "limit"),
     BadRequest("limit over the page size", "GET", "/v1/sessions?limit=100000", 422, "limit"),
     BadRequest("unknown cursor", "GET", "/v1/sessions?cursor=nope", 422, "cursor"),
@@ -439,6 +500,8 @@ def check_error(case: BadRequest, status: int, body: bytes) -> None:
     error = msgspec.json.decode(body, type=ErrorBody).error
     assert error.field == case.field, f"{case.name}: field {error.field!r} ({error.message})"
     assert error.message
+    if case.message is not None:
+        assert case.message in error.message, f"{case.name}: {error.message}"
     assert "Traceback" not in error.message
     # No error names a session that was never made.
     assert "never-made" not in error.message

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -21,9 +22,17 @@ class ServerProcess:
     """`python -m tests.service.server_main` on a free port, logging to `log_path`."""
 
     def __init__(
-        self, log_path: Path, *, stderr_path: Path, ping: float = 0.5, token: str | None = TOKEN
+        self,
+        log_path: Path,
+        *,
+        stderr_path: Path,
+        ping: float = 0.5,
+        token: str | None = TOKEN,
+        options: Sequence[str] = (),
     ) -> None:
+        """`options`: more of server_main's command-line options."""
         self.log_path = log_path
+        self.options = tuple(options)
         self.stderr_path = stderr_path
         self.ping = ping
         self.token_given = token
@@ -46,6 +55,7 @@ class ServerProcess:
                     str(self.log_path),
                     "--ping",
                     str(self.ping),
+                    *self.options,
                 ],
                 cwd=ROOT,
                 env=env,

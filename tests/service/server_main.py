@@ -16,6 +16,7 @@ from functools import partial
 from typing import Any
 
 import anyio
+import msgspec
 
 from turnkeeper.core import AgentSpec, ToolSpec
 from turnkeeper.providers import text_response, tool_response
@@ -81,7 +82,12 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--log", required=True)
     parser.add_argument("--ping", type=float, default=15.0)
+    parser.add_argument("--header-timeout", type=float, default=LIMITS.header_timeout_seconds)
+    parser.add_argument("--max-wait", type=float, default=LIMITS.max_wait_seconds)
     args = parser.parse_args()
+    limits = msgspec.structs.replace(
+        LIMITS, header_timeout_seconds=args.header_timeout, max_wait_seconds=args.max_wait
+    )
 
     def ready(listening: Listening) -> None:
         print(json.dumps({"url": listening.url, "token": listening.token, "port": listening.port}))
@@ -94,7 +100,7 @@ def main() -> None:
             port=0,
             log_path=args.log,
             tools={"lookup": lookup},
-            limits=LIMITS,
+            limits=limits,
             ping_seconds=args.ping,
             ready=ready,
         ),

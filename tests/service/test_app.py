@@ -4,6 +4,7 @@ as JSON errors without tracebacks."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -12,9 +13,18 @@ import anyio
 import httpx
 import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from starlette.types import Message
 
-from tests.service.bad_requests import CASES, BadRequest, case_body, check_error, setup_bodies
+from tests.service.bad_requests import (
+    CASES,
+    JSON,
+    BadRequest,
+    case_body,
+    check_error,
+    setup_bodies,
+)
 from tests.service.server_main import ASK_SPEC, LIMITS, LOOKUP_SPEC, answer_for, chat, lookup
 from turnkeeper.core import MAX_JSON_DEPTH, LogError
 from turnkeeper.logs import MemoryLog
@@ -194,6 +204,29 @@ async def test_every_bad_request_is_a_4xx_naming_the_field_and_changes_nothing()
             response = await send_case(client, case, idle=idle, waiting=waiting)
             check_error(case, response.status_code, response.content)
             assert await snapshot(client, [idle, waiting]) == before, case.name
+
+
+@pytest.mark.parametrize(
+    ("path", "methods"),
+    [
+        ("/v1/sessions", {"GET", "HEAD", "POST"}),
+        ("/v1/sessions/x", {"GET", "HEAD"}),
+        ("/v1/sessions/x/messages", {"POST"}),
+        ("/v1/openapi.json", {"GET", "HEAD"}),
+    ],
+)
+async def test_a_method_a_path_does_not_take_is_405_listing_every_one_it_does(
+    path: str, methods: set[str]
+) -> None:
+    async with running() as (client, _):
+        for method in ("PUT", "DELETE", "OPTIONS", "PATCH"):
+            response = await client.request(method, path)
+            assert response.status_code == 405
+            allowed = {name.strip() for name in response.headers["allow"].split(",")}
+            assert allowed == methods
+            assert response.json()["error"]["message"] == "Method Not Allowed"
+        if "HEAD" in methods:
+            assert (await client.head(path)).status_code != 405
 
 
 async def test_a_body_nested_to_the_limit_is_taken_and_one_level_deeper_is_refused() -> None:
@@ -552,3 +585,49 @@ async def test_create_app_refuses_bad_settings() -> None:
         with pytest.raises(ValueError, match="limits"):
             create_app(host, token=TOKEN, limits={"max_body_bytes": 1})  # type: ignore[arg-type]
         assert create_app(host, token=TOKEN, limits=Limits(max_page=5)).routes
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner),
+    max_leaves=8,
+)
+FIELDS = st.sampled_from(["prompt", "spec", "max_turns", "history", "text", "results", "x"])
+
+
+def json_body(fields: dict[str, Any], cut: int | None, surrogate: bool) -> bytes:
+    """`fields` as JSON text, perhaps with a lone surrogate put in and perhaps cut short."""
+    text = json.dumps(fields)
+    if surrogate:
+        text = text.replace('"', '"\\ud800', 1) if '"' in text else text
+    data = text.encode()
+    return data if cut is None else data[:cut]
+
+
+BODIES = st.one_of(
+    st.binary(max_size=64),
+    st.builds(
+        json_body,
+        st.dictionaries(FIELDS, JSON_VALUES, max_size=3),
+        st.none() | st.integers(0, 64),
+        st.booleans(),
+    ),
+)
+
+
+@settings(max_examples=60)
+@given(bodies=st.lists(BODIES, min_size=1, max_size=4))
+async def test_no_body_gets_anything_but_a_json_answer_below_500(bodies: list[bytes]) -> None:
+    async with running() as (client, _):
+        waiting = await create(client, setup_bodies()[1])
+        await settled(client, waiting)
+        for body in bodies:
+            for path in ("/v1/sessions", f"/v1/sessions/{waiting}/messages"):
+                response = await client.post(path, content=body, headers=JSON)
+                assert response.status_code < 500, (body, response.text)
+                if response.status_code >= 400:
+                    assert msgspec.json.decode(response.content, type=ErrorBody).error.message
+            response = await client.post(
+                f"/v1/sessions/{waiting}/tool_results", content=body, headers=JSON
+            )
+            assert response.status_code < 500, (body, response.text)

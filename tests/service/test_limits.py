@@ -16,6 +16,7 @@ def test_defaults_allow_ordinary_requests() -> None:
     assert DEFAULT_LIMITS.max_body_bytes >= 1_000_000
     assert DEFAULT_LIMITS.max_wait_seconds == 60.0
     assert DEFAULT_LIMITS.body_timeout_seconds == 60.0
+    assert DEFAULT_LIMITS.header_timeout_seconds == 10.0
 
 
 @pytest.mark.parametrize(
@@ -35,6 +36,9 @@ def test_defaults_allow_ordinary_requests() -> None:
         ("body_timeout_seconds", math.inf),
         ("body_timeout_seconds", False),
         ("body_timeout_seconds", "30"),
+        ("header_timeout_seconds", 0),
+        ("header_timeout_seconds", math.inf),
+        ("header_timeout_seconds", True),
     ],
 )
 def test_bad_limits_are_refused_naming_the_field(field: str, value: Any) -> None:

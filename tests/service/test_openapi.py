@@ -71,6 +71,19 @@ def test_path_parameters_auth_and_errors_are_documented() -> None:
             assert any(code.startswith("2") for code in operation["responses"])
             if "requestBody" in operation:
                 assert {"400", "408", "413", "415", "422"} <= set(operation["responses"])
+            # Everything but this document asks the host or its log, which can fail.
+            assert ("503" in operation["responses"]) != (path == "/v1/openapi.json")
+
+
+def test_the_document_is_an_object_and_the_stream_a_stream_of_envelopes() -> None:
+    document = DOCUMENT["paths"]["/v1/openapi.json"]["get"]["responses"]["200"]["content"]
+    assert document == {"application/json": {"schema": {"type": "object"}}}
+    stream = DOCUMENT["paths"]["/v1/sessions/{session_id}/events/stream"]["get"]
+    ((media, content),) = stream["responses"]["200"]["content"].items()
+    assert media == "text/event-stream"
+    event = content["schema"]
+    assert event["required"] == ["id", "event", "data"]
+    assert event["properties"]["data"]["contentSchema"] == {"$ref": "#/components/schemas/Envelope"}
 
 
 def test_every_reference_resolves_to_a_component() -> None:
@@ -162,3 +175,148 @@ async def test_responses_match_their_documented_schemas() -> None:
             ]:
                 assert response.status_code >= 400
                 check(response, path, method)
+
+
+LIMIT = LIMITS.max_page
+TEXT = LIMITS.max_text_chars
+HISTORY = LIMITS.max_history_messages
+HI = {"role": "user", "content": "hi"}
+CREATE = ("POST", "/v1/sessions")
+RESULTS = ("POST", "/v1/sessions/nope/tool_results")
+MESSAGE = ("POST", "/v1/sessions/nope/messages")
+
+# (operation, body, refused): bodies at each bound the server checks, one side and the other.
+BODIES: list[tuple[tuple[str, str], dict[str, Any], bool]] = [
+    (CREATE, {"spec": {"tools": [{"name": ""}]}}, True),
+    (CREATE, {"spec": {"tools": [{"name": "a" * 65}]}}, True),
+    (CREATE, {"spec": {"tools": [{"name": "no spaces"}]}}, True),
+    (CREATE, {"spec": {"tools": [{"name": "a" * 64}]}}, False),
+    (CREATE, {"spec": {"tools": [{"name": "a-b.c_9"}]}}, False),
+    (CREATE, {"spec": {"temperature": 2.5}}, True),
+    (CREATE, {"spec": {"temperature": -0.1}}, True),
+    (CREATE, {"spec": {"temperature": 2, "top_p": 1, "max_tokens": 1, "seed": -(2**63)}}, False),
+    (CREATE, {"spec": {"top_p": 0}}, True),
+    (CREATE, {"spec": {"max_tokens": 0}}, True),
+    (CREATE, {"spec": {"seed": 2**63}}, True),
+    (CREATE, {"spec": {"seed": 2**63 - 1}}, False),
+    (CREATE, {"spec": {"mcp_servers": [{"name": "s"}]}}, True),
+    (CREATE, {"spec": {"mcp_servers": [{"name": "s", "command": "x", "url": "http://x"}]}}, True),
+    (CREATE, {"spec": {"mcp_servers": [{"name": "s", "command": ""}]}}, True),
+    (CREATE, {"spec": {"mcp_servers": [{"name": "s", "url": "ftp://x"}]}}, True),
+    (CREATE, {"spec": {"mcp_servers": [{"name": "s", "command": "x", "timeout": 0}]}}, True),
+    (
+        CREATE,
+        {"spec": {"mcp_servers": [{"name": "s", "command": "x", "tool_prefix": "a b"}]}},
+        True,
+    ),
+    (CREATE, {"spec": {"system_promt": "x"}}, True),
+    (CREATE, {"spec": {"tools": [{"name": "a", "input_shema": {}}]}}, True),
+    (CREATE, {"promt": "x"}, True),
+    (CREATE, {"max_turns": 0}, True),
+    (CREATE, {"max_turns": 1}, False),
+    (CREATE, {"max_turns": 3.0}, False),
+    (CREATE, {"max_turns": 2.5}, True),
+    (CREATE, {"session_id": "a/b"}, True),
+    (CREATE, {"session_id": "abc\n"}, True),
+    (CREATE, {"session_id": "a" * 200}, False),
+    (CREATE, {"prompt": "x" * (TEXT + 1)}, True),
+    (CREATE, {"prompt": "x" * TEXT}, False),
+    (CREATE, {"history": [HI] * (HISTORY + 1)}, True),
+    (CREATE, {"history": [HI] * HISTORY}, False),
+    (CREATE, {"history": [{"role": "wizard"}]}, True),
+    (CREATE, {"history": [{"content": "hi"}]}, True),
+    (CREATE, {"history": [{"role": "user", "content": {"text": "hi"}}]}, True),
+    (CREATE, {"history": [{"role": "user", "content": [{"text": "hi"}]}]}, True),
+    (CREATE, {"history": [{"role": "user", "content": [{"type": "text"}], "name": "x"}]}, False),
+    (CREATE, {"history": [{"role": "assistant", "tool_calls": [{"id": 1}]}]}, True),
+    (CREATE, {"history": [{"role": "assistant", "tool_calls": [{"id": "c"}]}]}, True),
+    (CREATE, {"history": [{"role": "assistant", "tool_calls": None}]}, False),
+]
+GUARDS: list[tuple[str, str, object, bool]] = [
+    ("consecutive_errors", "threshold", 0, True),
+    ("consecutive_errors", "threshold", 1, False),
+    ("loop", "warnings", -1, True),
+    ("loop", "warnings", 0, False),
+    ("terminal", "max_reprompts", -1, True),
+    ("terminal", "max_reprompts", 0, False),
+    ("budget", "max_tokens", 0, True),
+    ("budget", "max_tokens", 1, False),
+    ("budget", "max_seconds", 0, True),
+    ("budget", "max_seconds", 0.001, False),
+    ("small_model", "window_turns", 0, True),
+    ("small_model", "window_turns", 1, False),
+    ("small_model", "max_result_chars", 0, True),
+    ("small_model", "max_result_chars", 1, False),
+    ("loop", "warning", 1, True),
+]
+BODIES += [
+    (CREATE, {"guards": {guard: {setting: value}}}, refused)
+    for guard, setting, value, refused in GUARDS
+]
+BODIES += [
+    (RESULTS, {"results": [{"tool_use_id": "c", "text": "t", "is_eror": True}]}, True),
+    (
+        RESULTS,
+        {"results": [{"tool_use_id": "c", "text": "t" * LIMITS.max_tool_result_chars}]},
+        False,
+    ),
+    (
+        RESULTS,
+        {"results": [{"tool_use_id": "c", "text": "t" * (LIMITS.max_tool_result_chars + 1)}]},
+        True,
+    ),
+    (RESULTS, {"results": [{"tool_use_id": "c"}]}, True),
+    (MESSAGE, {"text": "x" * TEXT}, False),
+    (MESSAGE, {"text": "x" * (TEXT + 1)}, True),
+    (MESSAGE, {"text": "x", "more": 1}, True),
+]
+# (path, parameter, value, refused)
+PARAMETERS: list[tuple[str, str, object, bool]] = [
+    ("/v1/sessions", "cursor", "", True),
+    ("/v1/sessions", "limit", 0, True),
+    ("/v1/sessions", "limit", 1, False),
+    ("/v1/sessions", "limit", LIMIT, False),
+    ("/v1/sessions", "limit", LIMIT + 1, True),
+    ("/v1/sessions/{session_id}/events", "after", -1, True),
+    ("/v1/sessions/{session_id}/events", "after", 0, False),
+    ("/v1/sessions/{session_id}/events", "after", 2**63 - 1, False),
+    ("/v1/sessions/{session_id}/events", "after", 2**63, True),
+    ("/v1/sessions/{session_id}/events", "wait", -0.5, True),
+    ("/v1/sessions/{session_id}/events", "wait", 0.01, False),
+    ("/v1/sessions/{session_id}", "wait", -1, True),
+]
+
+
+def body_schema(method: str, path: str) -> dict[str, Any]:
+    operation = DOCUMENT["paths"][path.replace("nope", "{session_id}")][method.lower()]
+    schema = operation["requestBody"]["content"]["application/json"]["schema"]
+    return {**schema, "components": DOCUMENT["components"]}
+
+
+def parameter_schema(path: str, name: str) -> dict[str, Any]:
+    (parameter,) = [p for p in DOCUMENT["paths"][path]["get"]["parameters"] if p["name"] == name]
+    schema: dict[str, Any] = parameter["schema"]
+    return schema
+
+
+@pytest.mark.anyio
+async def test_the_schemas_refuse_what_the_server_refuses_and_take_what_it_takes() -> None:
+    async with Host(chat=chat, tools={"lookup": lookup}) as host:
+        app = create_app(host, token=TOKEN, limits=LIMITS)
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app),
+            base_url="http://service",
+            headers={"Authorization": f"Bearer {TOKEN}"},
+        ) as client:
+            session_id = (await client.post("/v1/sessions", json={})).json()["session_id"]
+            for (method, path), body, refused in BODIES:
+                response = await client.request(method, path, json=body)
+                assert (response.status_code == 422) == refused, (body, response.text)
+                problems = validate(body_schema(method, path), body)
+                assert bool(problems) == refused, (body, problems)
+            for path, name, value, refused in PARAMETERS:
+                url = path.replace("{session_id}", session_id)
+                response = await client.get(url, params={name: str(value)})
+                assert (response.status_code == 422) == refused, (name, value, response.text)
+                problems = validate(parameter_schema(path, name), value)
+                assert bool(problems) == refused, (name, value, problems)

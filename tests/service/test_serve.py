@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import signal
 import socket
+import sqlite3
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +25,7 @@ from tests.service.server_main import ASK_SPEC, LOOKUP_SPEC, answer_for
 from tests.service.sse import SseEvent, parse_sse
 from turnkeeper.core import InputError, LogError
 from turnkeeper.events import Envelope, ToolReturned
+from turnkeeper.logs import SqliteLog
 from turnkeeper.service import ErrorBody, EventPage, SessionPage, serve
 from turnkeeper.sessions import SessionInfo
 
@@ -440,3 +442,11 @@ async def test_serve_refuses_what_it_cannot_do_with_clear_errors(
     with pytest.raises(LogError):
         await serve(chat=quiet, port=0, log_path=garbage)
     assert not (tmp_path / "log.sqlite").exists()
+    # Raised by the Host inside serve's task groups, and still the LogError itself.
+    broken = tmp_path / "broken.sqlite"
+    async with SqliteLog(broken):
+        pass
+    with sqlite3.connect(broken) as db:
+        db.execute("DROP TABLE sessions")
+    with pytest.raises(LogError, match="no such table: sessions"):
+        await serve(chat=quiet, port=0, log_path=broken)

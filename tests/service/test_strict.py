@@ -9,7 +9,7 @@ import pytest
 
 from turnkeeper.core import AgentSpec
 from turnkeeper.service._schemas import CreateSession, PostToolResults
-from turnkeeper.service._strict import unknown_field
+from turnkeeper.service._strict import integral_floats_as_ints, unknown_field
 
 
 class Tagged(msgspec.Struct, tag_field="kind", tag="a"):
@@ -69,3 +69,46 @@ def test_unknown_field_names_the_first_unknown_field(
     # Each body decodes as its type: only the unknown field is wrong with it.
     msgspec.convert(body, kind)
     assert unknown_field(body, kind) == found
+
+
+@pytest.mark.parametrize(
+    ("body", "kind", "made"),
+    [
+        ({"max_turns": 3.0}, CreateSession, {"max_turns": 3}),
+        (
+            {"spec": {"max_tokens": 5.0, "temperature": 1.0, "seed": -2.0}},
+            CreateSession,
+            {"spec": {"max_tokens": 5, "temperature": 1.0, "seed": -2}},
+        ),
+        (
+            {"guards": {"budget": {"max_tokens": 1e3, "max_seconds": 2.0}}},
+            CreateSession,
+            {"guards": {"budget": {"max_tokens": 1000, "max_seconds": 2.0}}},
+        ),
+        ({"items": [{"kind": "a", "x": 2.0}, {"kind": "b", "y": 3.0}]}, Holder, None),
+        ({"pair": [{}, 4.0], "by_name": {"k": {"kind": "a", "x": 1.0}}}, Holder, None),
+    ],
+)
+def test_integral_floats_become_ints_where_the_type_takes_ints(
+    body: dict[str, Any], kind: type, made: dict[str, Any] | None
+) -> None:
+    fixed = integral_floats_as_ints(body, kind)
+    assert msgspec.json.encode(fixed) != msgspec.json.encode(body)  # 3.0 == 3 in Python
+    if made is not None:
+        assert fixed == made
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.convert(body, kind)
+    msgspec.convert(fixed, kind)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"max_turns": 2.5},
+        {"prompt": "x", "history": [{"role": "user", "n": 2.0}]},  # history is kept verbatim
+        {"spec": {"temperature": 2.0}},  # a float field
+        {"max_turns": 3},
+    ],
+)
+def test_nothing_else_is_changed(body: dict[str, Any]) -> None:
+    assert integral_floats_as_ints(body, CreateSession) is body

@@ -37,7 +37,8 @@ from turnkeeper.service._schemas import (
     SessionPage,
 )
 from turnkeeper.service._sse import event_stream
-from turnkeeper.service._strict import unknown_field
+from turnkeeper.service._strict import integral_floats_as_ints, unknown_field
+from turnkeeper.service._surrogates import lone_surrogate
 from turnkeeper.service._unread import CloseUnreadBodies
 from turnkeeper.sessions import Busy, Host, HostStopped, UnknownSession, open_session
 
@@ -46,6 +47,7 @@ Endpoint = Callable[[Request], Awaitable[Response]]
 
 HEALTH_PATH = "/v1/healthz"
 _JSON = "application/json"
+_NUMBER = re.compile(r"-?[0-9]+(\.[0-9]+)?([eE][+-]?[0-9]+)?")
 _FIELD_PREFIX = re.compile(r"^(?P<field>[A-Za-z_][\w.\[\]]*): ")
 _DEFAULT_PAGE = 100
 _BUSY_RETRY_SECONDS = 1
@@ -73,17 +75,16 @@ def create_app(
     sessions = "/v1/sessions"
     one = sessions + "/{session_id}"
     routes = [
-        Route(sessions, _guarded(api.create), methods=["POST"]),
-        Route(sessions, _guarded(api.list_sessions), methods=["GET"]),
-        Route(one, _guarded(api.get), methods=["GET"]),
-        Route(one + "/messages", _guarded(api.message), methods=["POST"]),
-        Route(one + "/tool_results", _guarded(api.tool_results), methods=["POST"]),
-        Route(one + "/cancel", _guarded(api.cancel), methods=["POST"]),
-        Route(one + "/events", _guarded(api.events), methods=["GET"]),
-        Route(one + "/events/stream", _guarded(api.stream), methods=["GET"]),
-        Route(HEALTH_PATH, _guarded(api.health), methods=["GET"]),
-        Route("/v1/metrics", _guarded(api.metrics), methods=["GET"]),
-        Route("/v1/openapi.json", _guarded(api.openapi), methods=["GET"]),
+        _route(sessions, POST=api.create, GET=api.list_sessions),
+        _route(one, GET=api.get),
+        _route(one + "/messages", POST=api.message),
+        _route(one + "/tool_results", POST=api.tool_results),
+        _route(one + "/cancel", POST=api.cancel),
+        _route(one + "/events", GET=api.events),
+        _route(one + "/events/stream", GET=api.stream),
+        _route(HEALTH_PATH, GET=api.health),
+        _route("/v1/metrics", GET=api.metrics),
+        _route("/v1/openapi.json", GET=api.openapi),
     ]
     return Starlette(
         routes=routes,
@@ -296,11 +297,9 @@ class _Api:
         try:
             decoded = msgspec.json.decode(body, type=kind)
         except msgspec.ValidationError as exc:
-            raise validation_error(exc) from None
-        except msgspec.DecodeError as exc:
-            raise ApiError(400, f"body: not valid JSON ({exc})", "body") from None
-        except RecursionError:
-            raise ApiError(400, _TOO_DEEP, "body") from None
+            decoded = _with_integral_floats(body, kind, exc)
+        except (msgspec.DecodeError, RecursionError) as exc:
+            raise _not_json(body, exc) from None
         # It decoded as `kind`, so it decodes as plain JSON too.
         plain = msgspec.json.decode(body)
         # Decoded here, it may still nest too deep for the log to encode, deeper in the stack.
@@ -321,10 +320,8 @@ class _Api:
         raw = request.query_params.get("wait")
         if raw is None:
             return 0.0
-        try:
-            wait = float(raw)
-        except ValueError:
-            wait = math.nan
+        # A JSON number, as the document says: float() also takes "1_0", " 1" and "inf".
+        wait = float(raw) if _NUMBER.fullmatch(raw) else math.nan
         if not math.isfinite(wait) or wait < 0:
             raise ApiError(422, f"wait: expected a number of seconds >= 0, got {raw!r}", "wait")
         return min(wait, self.limits.max_wait_seconds)
@@ -335,6 +332,17 @@ class _Api:
         except UnknownSession:
             return False
         return True
+
+
+def _route(path: str, **endpoints: Endpoint) -> Route:
+    """One route for `path`, each method to its endpoint (HEAD as GET): one route, so a
+    405 lists in `Allow` every method the path takes."""
+    guarded = {method: _guarded(endpoint) for method, endpoint in endpoints.items()}
+
+    async def by_method(request: Request) -> Response:
+        return await guarded["GET" if request.method == "HEAD" else request.method](request)
+
+    return Route(path, by_method, methods=list(endpoints))
 
 
 def _guarded(endpoint: Endpoint) -> Endpoint:
@@ -391,6 +399,36 @@ def _parse_int(name: str, raw: str, minimum: int, maximum: int | None = None) ->
     if value < minimum or (maximum is not None and value > maximum):
         raise problem
     return value
+
+
+def _with_integral_floats(body: bytes, kind: type[_S], refused: msgspec.ValidationError) -> _S:
+    """`body` decoded as `kind` once its floats with no fraction are made ints where it
+    takes ints (`{"max_turns": 3.0}`); a 422 for `refused` if it holds none of them."""
+    try:
+        plain = msgspec.json.decode(body)
+    except msgspec.ValidationError:  # a number out of range
+        raise validation_error(refused) from None
+    except (msgspec.DecodeError, RecursionError) as exc:
+        # Typed, msgspec stops at the first value of a wrong type, before the JSON's end.
+        raise _not_json(body, exc) from None
+    fixed = integral_floats_as_ints(plain, kind)
+    if fixed is plain:
+        raise validation_error(refused) from None
+    try:
+        return msgspec.convert(fixed, kind)
+    except msgspec.ValidationError as exc:
+        raise validation_error(exc) from None
+
+
+def _not_json(body: bytes, exc: msgspec.DecodeError | RecursionError) -> ApiError:
+    """The 4xx for a body msgspec cannot read as JSON: one that nests too deep, one with a
+    lone surrogate (which msgspec misnames), or one that is not JSON."""
+    if isinstance(exc, RecursionError):
+        return ApiError(400, _TOO_DEEP, "body")
+    surrogate = lone_surrogate(body)
+    if surrogate is not None:
+        return ApiError(422, surrogate[1], surrogate[0])
+    return ApiError(400, f"body: not valid JSON ({exc})", "body")
 
 
 def _check_prompt_follows(body: CreateSession) -> None:

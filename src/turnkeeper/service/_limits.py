@@ -28,6 +28,12 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True):
     body_timeout_seconds: float = 60.0
     """How long a request body may take to arrive in full once the service reads it; a
     client that is slower (or sends part of it and stalls) gets a 408 and is disconnected."""
+    header_timeout_seconds: float = 10.0
+    """How long a connection may take to send a request's line and headers, counted from
+    when it opened or its previous response ended: one that is slower (a request sent a
+    byte at a time, or half sent and left) is closed, and so is one idle that long between
+    requests. It never cuts a request once its headers are in: long-polls and event
+    streams stay open. (`serve` sets it; hypercorn's keep-alive timeout is this bound.)"""
 
     def __post_init__(self) -> None:
         for name in ("max_body_bytes", "max_text_chars", "max_tool_result_chars", "max_page"):
@@ -44,15 +50,16 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True):
             raise InputError(f"Limits.max_wait_seconds: expected a number, got {wait!r}")
         if wait < 0:
             raise InputError(f"Limits.max_wait_seconds: expected >= 0, got {wait!r}")
-        body = self.body_timeout_seconds
-        if (
-            isinstance(body, bool)
-            or not isinstance(body, int | float)
-            or not (math.isfinite(body) and body > 0)
-        ):
-            raise InputError(
-                f"Limits.body_timeout_seconds: expected a number of seconds > 0, got {body!r}"
-            )
+        for name in ("body_timeout_seconds", "header_timeout_seconds"):
+            seconds = getattr(self, name)
+            if (
+                isinstance(seconds, bool)
+                or not isinstance(seconds, int | float)
+                or not (math.isfinite(seconds) and seconds > 0)
+            ):
+                raise InputError(
+                    f"Limits.{name}: expected a number of seconds > 0, got {seconds!r}"
+                )
 
 
 DEFAULT_LIMITS = Limits()

@@ -1,7 +1,18 @@
-"""The OpenAPI 3.1 document of the service, served at /v1/openapi.json."""
+"""The OpenAPI 3.1 document of the service, served at /v1/openapi.json.
+
+Its schemas are generated (`msgspec.json.schema_components`) from the types the handlers
+decode and encode. A request body's types are also the event log's, which must read what
+older versions wrote, so the checks the service makes of new input beyond their types
+(`check_spec`, `check_guards`, the core types' own checks, the transcript check, and the
+service's limits) are added to the request side's copies (`<Type>Input`) by
+`_request_rules`; the response side is as the types give it. tests/service/
+test_schemathesis.py drives the running server from this document and fails where the
+two disagree.
+"""
 
 from __future__ import annotations
 
+import sys
 from importlib.metadata import version
 from typing import Any
 
@@ -22,32 +33,70 @@ from turnkeeper.service._schemas import (
 from turnkeeper.sessions import SessionInfo
 
 _REF = "#/components/schemas/{name}"
+_BODIES = (CreateSession, PostMessage, PostToolResults)
+_RESPONSES = (Created, SessionInfo, SessionPage, EventPage, Health, ErrorBody)
+_INPUT = "Input"
 
-_SESSION_ID = {
-    "name": "session_id",
-    "in": "path",
-    "required": True,
-    "schema": {"type": "string"},
-    "description": "The session's id.",
+# Tool and MCP server names. `(?!\n)`: read by Python (jsonschema), `$` also matches
+# before a last newline, where JSON Schema's does not.
+_NAME = r"^[A-Za-z0-9_.\-]{1,64}$(?!\n)"
+_INT64 = {"minimum": -(2**63), "maximum": 2**63 - 1}
+_SECONDS = {"exclusiveMinimum": 0, "maximum": sys.float_info.max}
+
+_HISTORY_MESSAGE: dict[str, Any] = {
+    "title": "HistoryMessage",
+    "description": "A chat-completions message of a prior transcript, kept verbatim. A `tool` "
+    "message's `tool_call_id` must answer a call of an earlier assistant message, and the "
+    "calls of one message have ids of their own.",
+    "type": "object",
+    "properties": {
+        "role": {"enum": ["system", "user", "assistant", "tool"]},
+        "content": {
+            "anyOf": [
+                {"type": "string"},
+                {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "properties": {"type": {"type": "string"}},
+                        "required": ["type"],
+                    },
+                },
+                {"type": "null"},
+            ]
+        },
+        "tool_calls": {
+            "anyOf": [
+                {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "properties": {
+                            "id": {"type": "string"},
+                            "function": {
+                                "type": "object",
+                                "properties": {"name": {"type": "string"}},
+                                "required": ["name"],
+                            },
+                        },
+                        "required": ["id", "function"],
+                    },
+                },
+                {"type": "null"},
+            ]
+        },
+    },
+    "required": ["role"],
 }
 
 
 def openapi_document(limits: Limits) -> dict[str, Any]:
     """The document: every route with its parameters, bodies, responses and auth."""
-    _, schemas = msgspec.json.schema_components(
-        [
-            CreateSession,
-            Created,
-            PostMessage,
-            PostToolResults,
-            SessionInfo,
-            SessionPage,
-            EventPage,
-            Health,
-            ErrorBody,
-        ],
-        ref_template=_REF,
-    )
+    _, schemas = msgspec.json.schema_components(_RESPONSES, ref_template=_REF)
+    _, requests = msgspec.json.schema_components(_BODIES, ref_template=_REF + _INPUT)
+    for name, schema in requests.items():
+        schemas[_request_name(name)] = _request_schema(name, schema, limits)
+    schemas["HistoryMessage"] = _HISTORY_MESSAGE
     wait = {
         "name": "wait",
         "in": "query",
@@ -68,30 +117,43 @@ def openapi_document(limits: Limits) -> dict[str, Any]:
     }
     body_limits = (
         f"Bodies are JSON (`Content-Type: application/json`) of at most {limits.max_body_bytes} "
-        f"bytes, sent in full within {limits.body_timeout_seconds:g} seconds; prompts and "
-        f"messages at most {limits.max_text_chars} characters"
+        f"bytes, sent in full within {limits.body_timeout_seconds:g} seconds"
     )
     health = _operation(
         "health",
         "Whether the service takes work (no token needed)",
-        ok=("200", "Serving", Health),
+        ok=("200", "Serving", _json(Health)),
         errors=(),
         public=True,
     )
-    health["responses"]["503"] = {
-        "description": "The service is stopping",
-        "content": _json(Health),
+    stopping = {"description": "The service is stopping", "content": _json(Health)}
+    health["responses"]["503"] = stopping
+    created = _operation(
+        "createSession",
+        "Open a session and start it on a prompt",
+        f"{body_limits}. A spec's `terminal_tool` must be one of its tools, which have names "
+        "of their own and an `input_schema` that can check arguments; a tool's `mcp_server` "
+        "must be one of the spec's `mcp_servers`; `guards.terminal.required` needs a "
+        "`terminal_tool`; and a `prompt` cannot follow a `history` that ends in tool calls "
+        "with no results. A request that breaks one of these is refused (422) naming the field.",
+        body=CreateSession,
+        ok=("201", "The session is open and logged", _json(Created)),
+        errors=(400, 401, 408, 409, 413, 415, 422, 503),
+    )
+    created["responses"]["201"]["links"] = {
+        name: {"operationId": operation, "parameters": {"session_id": "$response.body#/session_id"}}
+        for name, operation in [
+            ("GetSession", "getSession"),
+            ("PostMessage", "postMessage"),
+            ("PostToolResults", "postToolResults"),
+            ("CancelSession", "cancelSession"),
+            ("ListEvents", "listEvents"),
+            ("StreamEvents", "streamEvents"),
+        ]
     }
     paths: dict[str, Any] = {
         "/v1/sessions": {
-            "post": _operation(
-                "createSession",
-                "Open a session and start it on a prompt",
-                f"{body_limits}; a history at most {limits.max_history_messages} messages.",
-                body=CreateSession,
-                ok=("201", "The session is open and logged", Created),
-                errors=(400, 401, 408, 409, 413, 415, 422, 503),
-            ),
+            "post": created,
             "get": _operation(
                 "listSessions",
                 "List sessions, oldest first, a page at a time",
@@ -100,12 +162,13 @@ def openapi_document(limits: Limits) -> dict[str, Any]:
                     {
                         "name": "cursor",
                         "in": "query",
-                        "schema": {"type": "string"},
-                        "description": "The `next_cursor` of the previous page.",
+                        "schema": {"type": "string", "minLength": 1},
+                        "description": "The `next_cursor` of the previous page; any other "
+                        "value is refused (422).",
                     },
                 ],
-                ok=("200", "A page of sessions", SessionPage),
-                errors=(401, 422),
+                ok=("200", "A page of sessions", _json(SessionPage)),
+                errors=(401, 422, 503),
             ),
         },
         "/v1/sessions/{session_id}": {
@@ -114,8 +177,8 @@ def openapi_document(limits: Limits) -> dict[str, Any]:
                 "A session's status, pending tool calls, answer, result and usage",
                 "With `wait`, answers once the session is no longer running (or the wait is up).",
                 parameters=[_SESSION_ID, wait],
-                ok=("200", "The session", SessionInfo),
-                errors=(401, 404, 422),
+                ok=("200", "The session", _json(SessionInfo)),
+                errors=(401, 404, 422, 503),
             )
         },
         "/v1/sessions/{session_id}/messages": {
@@ -126,7 +189,7 @@ def openapi_document(limits: Limits) -> dict[str, Any]:
                 "is free. Refused (409) while the session waits for tool results.",
                 parameters=[_SESSION_ID],
                 body=PostMessage,
-                ok=("202", "The message is queued", SessionInfo),
+                ok=("202", "The message is queued", _json(SessionInfo)),
                 errors=(400, 401, 404, 408, 409, 413, 415, 422, 429, 503),
             )
         },
@@ -134,11 +197,12 @@ def openapi_document(limits: Limits) -> dict[str, Any]:
             "post": _operation(
                 "postToolResults",
                 "Answer the tool calls a session waits on",
-                f"{body_limits}; each result text at most {limits.max_tool_result_chars} "
-                "characters. One result per pending call, no more, no less.",
+                f"{body_limits}. One result per pending call, no more, no less: other "
+                "results are refused (422, naming `results`), and so are results for a "
+                "session that waits on none (409).",
                 parameters=[_SESSION_ID],
                 body=PostToolResults,
-                ok=("202", "The results are logged; the session goes on", SessionInfo),
+                ok=("202", "The results are logged; the session goes on", _json(SessionInfo)),
                 errors=(400, 401, 404, 408, 409, 413, 415, 422, 503),
             )
         },
@@ -147,7 +211,7 @@ def openapi_document(limits: Limits) -> dict[str, Any]:
                 "cancelSession",
                 "Stop a session's work now and mark it cancelled",
                 parameters=[_SESSION_ID],
-                ok=("200", "The session, cancelled", SessionInfo),
+                ok=("200", "The session, cancelled", _json(SessionInfo)),
                 errors=(401, 404, 503),
             )
         },
@@ -157,8 +221,8 @@ def openapi_document(limits: Limits) -> dict[str, Any]:
                 "A session's events after a seq (long-poll)",
                 "When there are none yet, waits up to `wait` seconds for one.",
                 parameters=[_SESSION_ID, after, wait, limit],
-                ok=("200", "Events in seq order", EventPage),
-                errors=(401, 404, 422),
+                ok=("200", "Events in seq order", _json(EventPage)),
+                errors=(401, 404, 422, 503),
             )
         },
         "/v1/sessions/{session_id}/events/stream": {
@@ -166,8 +230,10 @@ def openapi_document(limits: Limits) -> dict[str, Any]:
                 "streamEvents",
                 "A session's events as Server-Sent Events",
                 "Each event has `id:` its seq, `event:` its type and `data:` the envelope "
-                "JSON. Reconnect with `Last-Event-ID` (or `after`) to resume with no event "
-                "lost or repeated. Comment lines (`: ping`) keep an idle stream open.",
+                "(an `Envelope`) as JSON. Reconnect with `Last-Event-ID` (or `after`) to "
+                "resume with no event lost or repeated. Comment lines (`: ping`) keep an idle "
+                "stream open. The stream does not end until the client hangs up or the "
+                "service stops.",
                 parameters=[
                     _SESSION_ID,
                     after,
@@ -178,8 +244,8 @@ def openapi_document(limits: Limits) -> dict[str, Any]:
                         "description": "The seq of the last event received; wins over `after`.",
                     },
                 ],
-                ok=("200", "An endless event stream", None, "text/event-stream"),
-                errors=(401, 404, 422),
+                ok=("200", "The event stream", {"text/event-stream": {"schema": _SSE_EVENT}}),
+                errors=(401, 404, 422, 503),
             )
         },
         "/v1/healthz": {"get": health},
@@ -189,15 +255,23 @@ def openapi_document(limits: Limits) -> dict[str, Any]:
                 "Prometheus metrics",
                 "Sessions by status, model calls, retries, chat errors, guard halts, tool "
                 "errors, session crashes and log append latency.",
-                ok=("200", "Prometheus text exposition 0.0.4", None, "text/plain"),
-                errors=(401,),
+                ok=(
+                    "200",
+                    "Prometheus text exposition 0.0.4",
+                    {"text/plain": {"schema": {"type": "string"}}},
+                ),
+                errors=(401, 503),
             )
         },
         "/v1/openapi.json": {
             "get": _operation(
                 "openapi",
                 "This document",
-                ok=("200", "The OpenAPI document", None, "application/json"),
+                ok=(
+                    "200",
+                    "The OpenAPI 3.1 document",
+                    {"application/json": {"schema": {"type": "object"}}},
+                ),
                 errors=(401,),
             )
         },
@@ -207,7 +281,10 @@ def openapi_document(limits: Limits) -> dict[str, Any]:
         "info": {
             "title": "turnkeeper",
             "version": version("turnkeeper"),
-            "description": "Drive supervised LLM tool-calling sessions over HTTP.",
+            "description": "Drive supervised LLM tool-calling sessions over HTTP. A "
+            "connection that takes more than "
+            f"{limits.header_timeout_seconds:g} seconds to send a request's headers, or "
+            "stays idle that long between requests, is closed.",
         },
         "paths": paths,
         "components": {
@@ -215,6 +292,104 @@ def openapi_document(limits: Limits) -> dict[str, Any]:
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
         },
         "security": [{"bearer": []}],
+    }
+
+
+# Each event of the stream, as Open API 3.2's `itemSchema` gives a text/event-stream (and
+# tools read `schema` there before 3.2).
+_SSE_EVENT = {
+    "type": "object",
+    "description": "One event of the stream (its fields as an object; comments are not events).",
+    "properties": {
+        "id": {"type": "string", "pattern": "^[1-9][0-9]*$", "description": "Its seq."},
+        "event": {"type": "string", "description": "Its type."},
+        "data": {
+            "type": "string",
+            "contentMediaType": "application/json",
+            "contentSchema": {"$ref": _REF.format(name="Envelope")},
+            "description": "The envelope, as JSON.",
+        },
+    },
+    "required": ["id", "event", "data"],
+}
+
+_SESSION_ID = {
+    "name": "session_id",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string", "minLength": 1},
+    "description": "The session's id.",
+}
+
+
+def _request_name(name: str) -> str:
+    """The component name of a request body's type: a nested one gets `Input` after it,
+    apart from the type of the same name that responses use."""
+    return name if name in {body.__name__ for body in _BODIES} else name + _INPUT
+
+
+def _request_schema(name: str, schema: dict[str, Any], limits: Limits) -> dict[str, Any]:
+    """`schema`, a request body's type or one inside it, with what the service checks
+    beyond the type: no unknown fields anywhere, and the rules of `_request_rules`."""
+    schema = {**schema, "title": _request_name(name), "additionalProperties": False}
+    properties = schema["properties"] = dict(schema["properties"])
+    rules = _request_rules(limits).get(name, {})
+    for field, rule in rules.items():
+        if field == "":
+            schema.update(rule)
+        else:
+            properties[field] = _narrowed(properties[field], rule)
+    return schema
+
+
+def _narrowed(schema: dict[str, Any], rule: dict[str, Any]) -> dict[str, Any]:
+    """`schema` with `rule` added to it, or to each of its `anyOf` branches but `null`."""
+    if "anyOf" not in schema:
+        return {**schema, **rule}
+    branches = [
+        branch if branch.get("type") == "null" else {**branch, **rule} for branch in schema["anyOf"]
+    ]
+    return {**schema, "anyOf": branches}
+
+
+def _request_rules(limits: Limits) -> dict[str, dict[str, dict[str, Any]]]:
+    """By type and field (`""` for the object), the checks of new input its schema does not
+    state on its own."""
+    return {
+        "CreateSession": {
+            "prompt": {"maxLength": limits.max_text_chars},
+            "history": {
+                "maxItems": limits.max_history_messages,
+                "items": {"$ref": _REF.format(name="HistoryMessage")},
+            },
+        },
+        "PostMessage": {"text": {"maxLength": limits.max_text_chars}},
+        "ToolResult": {"text": {"maxLength": limits.max_tool_result_chars}},
+        "ToolSpec": {"name": {"pattern": _NAME}},
+        "AgentSpec": {
+            "temperature": {"minimum": 0, "maximum": 2},
+            "top_p": {"exclusiveMinimum": 0, "maximum": 1},
+            "max_tokens": {"minimum": 1},
+            "seed": _INT64,
+        },
+        "McpServer": {
+            "": {
+                "oneOf": [
+                    {"properties": {"command": {"type": "string"}}, "required": ["command"]},
+                    {"properties": {"url": {"type": "string"}}, "required": ["url"]},
+                ]
+            },
+            "name": {"pattern": _NAME},
+            "command": {"minLength": 1},
+            "url": {"pattern": "^https?://"},
+            "tool_prefix": {"pattern": r"^[A-Za-z0-9_.\-]{0,64}$(?!\n)"},
+            "timeout": {"exclusiveMinimum": 0},
+        },
+        "ConsecutiveErrors": {"threshold": {"minimum": 1}},
+        "LoopDetection": {"warnings": {"minimum": 0}},
+        "TerminalTool": {"max_reprompts": {"minimum": 0}},
+        "Budget": {"max_tokens": {"minimum": 1}, "max_seconds": _SECONDS},
+        "SmallModel": {"window_turns": {"minimum": 1}, "max_result_chars": {"minimum": 1}},
     }
 
 
@@ -229,7 +404,7 @@ _ERRORS = {
     422: "A field, parameter or header has the wrong type or value, is missing or unknown, "
     "or is over a limit",
     429: "The session's mailbox is full; retry after `Retry-After` seconds",
-    503: "The service is stopping",
+    503: "The service is stopping, or its event log failed",
 }
 
 
@@ -240,13 +415,11 @@ def _operation(
     *,
     parameters: list[dict[str, Any]] | None = None,
     body: type[msgspec.Struct] | None = None,
-    ok: tuple[str, str, type[msgspec.Struct] | None]
-    | tuple[str, str, type[msgspec.Struct] | None, str],
+    ok: tuple[str, str, dict[str, Any]],
     errors: tuple[int, ...],
     public: bool = False,
 ) -> dict[str, Any]:
-    status, what, schema, *media = ok
-    content = _json(schema) if schema is not None else {media[0]: {"schema": {"type": "string"}}}
+    status, what, content = ok
     operation: dict[str, Any] = {
         "operationId": operation_id,
         "summary": summary,
@@ -269,8 +442,4 @@ def _operation(
 
 
 def _json(struct: type[msgspec.Struct]) -> dict[str, Any]:
-    return {"application/json": {"schema": _ref(struct)}}
-
-
-def _ref(struct: type[msgspec.Struct]) -> dict[str, str]:
-    return {"$ref": _REF.format(name=struct.__name__)}
+    return {"application/json": {"schema": {"$ref": _REF.format(name=struct.__name__)}}}

@@ -28,9 +28,6 @@ from turnkeeper.tools import Tools
 
 # Orchestrators open many connections at once; hypercorn's default backlog is 100.
 _BACKLOG = 1024
-# Longer than clients keep idle connections pooled (httpx: 5 s, like hypercorn's default),
-# so a client never sends on a connection the server is just closing.
-_KEEP_ALIVE_SECONDS = 75.0
 
 
 class Listening(msgspec.Struct, frozen=True):
@@ -70,7 +67,7 @@ async def serve(
     except RuntimeError:
         raise InputError('serve runs under trio: anyio.run(..., backend="trio")') from None
     token = resolve_token(token)
-    config, sockets = _listen(host, port)
+    config, sockets = _listen(host, port, limits)
     listening = _listening(sockets.insecure_sockets[0], token)
     stopping = anyio.Event()
     try:
@@ -101,20 +98,42 @@ async def serve(
                         ready(listening)
                 _log.info("service.stopping_host")
             outer.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        # The task groups wrap what the log or the Host raised (at start-up: a table
+        # missing, a session that cannot be read back): raised as itself, it is the error
+        # a caller looks for, and the CLI prints it as one line.
+        raise _only(group) from None
     finally:
         for sock in sockets.insecure_sockets:
             sock.close()
     _log.info("service.stopped")
 
 
-def _listen(host: str, port: int) -> tuple[Config, Sockets]:
+def _only(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The one exception inside `group` and the groups it holds; `group` if it holds more."""
+    inner: BaseException = group
+    while isinstance(inner, BaseExceptionGroup) and len(inner.exceptions) == 1:
+        inner = inner.exceptions[0]
+    return group if isinstance(inner, BaseExceptionGroup) else inner
+
+
+def _listen(host: str, port: int, limits: Limits) -> tuple[Config, Sockets]:
     """A hypercorn config and its bound, listening socket; InputError if it cannot bind."""
+    if not isinstance(limits, Limits):
+        raise InputError(f"limits: expected Limits, got {type(limits).__name__}")
     if not isinstance(host, str) or not host:
         raise InputError(f"host: expected an address, got {host!r}")
     if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
         raise InputError(f"port: expected 0 to 65535, got {port!r}")
     config = Config()
-    config.keep_alive_timeout = _KEEP_ALIVE_SECONDS
+    # Hypercorn's keep-alive timer runs from a connection's start, or its last response's
+    # end, until a request's headers are in, and data arriving does not restart it: so it
+    # is the header timeout too. It does not run while a request is served. (Its
+    # read_timeout ends a connection on any silence from the client, so it would cut
+    # long-polls and event streams, whose clients send nothing while they wait.) Clients
+    # keep idle connections pooled for less than the default (httpx: 5 s), so none sends
+    # on one being closed here.
+    config.keep_alive_timeout = limits.header_timeout_seconds
     # Bound here rather than by hypercorn, which leaks the socket when the bind fails.
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     try:

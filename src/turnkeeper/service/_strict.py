@@ -1,4 +1,4 @@
-"""Unknown fields anywhere in a request body.
+"""Unknown fields anywhere in a request body, and integers written as `3.0`.
 
 The top-level body Structs forbid unknown fields, but the types nested in them
 (`AgentSpec`, `ToolSpec`, `ToolResult`, `GuardConfig`...) are also the event log's, which
@@ -79,3 +79,43 @@ def _member_for(value: Any, info: inspect.UnionType) -> inspect.Type | None:
         sequences = [t for t in info.types if isinstance(t, (*_SEQUENCES, inspect.TupleType))]
         return sequences[0] if len(sequences) == 1 else None
     return None
+
+
+def integral_floats_as_ints(value: Any, kind: type) -> Any:
+    """`value`, a body decoded as plain JSON, with each float that has no fraction made
+    an int where `kind` takes an int: JSON has one kind of number, and JSON Schema's
+    integers include `3.0`, which msgspec refuses for an int. `value` itself if it has
+    none."""
+    return _integral(value, _info(kind))
+
+
+def _integral(value: Any, info: inspect.Type) -> Any:
+    if isinstance(info, inspect.Metadata):
+        return _integral(value, info.type)
+    if isinstance(value, float):
+        ints = info.types if isinstance(info, inspect.UnionType) else (info,)
+        takes_int = any(isinstance(t, inspect.IntType) for t in ints)
+        return int(value) if takes_int and value.is_integer() else value
+    if isinstance(info, inspect.UnionType):
+        member = _member_for(value, info)
+        return value if member is None else _integral(value, member)
+    inner: dict[Any, inspect.Type] = {}
+    if isinstance(info, inspect.StructType) and isinstance(value, dict):
+        fields = {field.encode_name: field.type for field in info.fields}
+        inner = {key: fields[key] for key in value if key in fields}
+    elif isinstance(info, _SEQUENCES) and isinstance(value, list):
+        inner = dict.fromkeys(range(len(value)), info.item_type)
+    elif isinstance(info, inspect.TupleType) and isinstance(value, list):
+        inner = dict(enumerate(info.item_types[: len(value)]))
+    elif isinstance(info, inspect.DictType) and isinstance(value, dict):
+        inner = dict.fromkeys(value, info.value_type)
+    changed = {
+        key: item
+        for key, item_info in inner.items()
+        if (item := _integral(value[key], item_info)) is not value[key]
+    }
+    if not changed:
+        return value
+    if isinstance(value, dict):
+        return {**value, **changed}
+    return [changed.get(index, item) for index, item in enumerate(value)]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gc
 import math
+import re
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -12,6 +14,7 @@ import pytest
 from turnkeeper.core._errors import InputError, TurnkeeperError
 from turnkeeper.core._types import (
     AgentSpec,
+    McpServer,
     ToolResult,
     ToolSpec,
     ToolUse,
@@ -342,3 +345,28 @@ def test_tool_uses_are_left_to_reference_counting() -> None:
     pending = (use,)
     gc.collect()
     assert not gc.is_tracked(pending)
+
+
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        (lambda: AgentSpec(tools=(ToolSpec("add\n"),)), "spec.tools[0].name"),
+        (
+            lambda: AgentSpec(mcp_servers=(McpServer("files\n", command="python"),)),
+            "spec.mcp_servers[0].name",
+        ),
+        (
+            lambda: AgentSpec(
+                mcp_servers=(McpServer("files", command="python", tool_prefix="fs_\n"),)
+            ),
+            "spec.mcp_servers[0].tool_prefix",
+        ),
+    ],
+)
+def test_a_name_ending_in_a_newline_is_refused_for_new_input_naming_it(
+    spec: Callable[[], AgentSpec], field: str
+) -> None:
+    # Decoding lets it through (a log holding one still reads); check_spec, run on new
+    # input, refuses it as a chat server would.
+    with pytest.raises(InputError, match=re.escape(field)):
+        check_spec(spec())

@@ -220,7 +220,12 @@ def check_spec(spec: AgentSpec) -> None:
     check its arguments and each sampling param is None or in range. Decoding does not
     check these, so a log written before they were checked still reads."""
     for index, tool in enumerate(spec.tools):
+        _check_name(tool.name, f"spec.tools[{index}].name")
         check_tool(tool, f"spec.tools[{index}]")
+    for index, server in enumerate(spec.mcp_servers):
+        _check_name(server.name, f"spec.mcp_servers[{index}].name")
+        if server.tool_prefix:
+            _check_name(server.tool_prefix, f"spec.mcp_servers[{index}].tool_prefix")
     temperature, top_p = spec.temperature, spec.top_p
     if temperature is not None and not (_is_number(temperature) and 0 <= temperature <= 2):
         raise InputError(
@@ -242,6 +247,13 @@ def check_spec(spec: AgentSpec) -> None:
         raise InputError(
             f"spec.seed: expected an integer from -2**63 to 2**63 - 1, got {seed!r:.80}"
         )
+
+
+def _check_name(name: str, where: str) -> None:
+    """Refuse a name ending in a newline, which `$` in `_TOOL_NAME` lets through on decode
+    (kept so that logs holding one still read); a chat server refuses it."""
+    if not _TOOL_NAME.fullmatch(name):
+        raise InputError(f"{where}: {name!r} must be 1 to 64 letters, digits, '_', '.' or '-'")
 
 
 def _is_number(value: object) -> bool:

@@ -450,6 +450,41 @@ def test_without_the_mcp_extra_a_spec_naming_servers_says_what_to_install() -> N
     assert "pip install 'turnkeeper[mcp]'" in done.stdout
 
 
+def test_a_stdio_server_starts_while_stderr_is_a_stream_with_no_file() -> None:
+    # The SDK binds its default errlog (sys.stderr) when it is imported; here that is a
+    # StringIO, which the server process cannot be given.
+    code = textwrap.dedent(
+        f"""
+        import contextlib, io, sys
+        import anyio
+        from turnkeeper import AgentSpec, McpServer
+        from turnkeeper.providers import ScriptedChat, text_response, tool_response
+        from turnkeeper.sessions import run
+
+        server = McpServer("test", command=sys.executable, args=({SERVER_SCRIPT!r},), timeout=60)
+
+        async def main():
+            chat = ScriptedChat([tool_response(("add", {{"a": 2, "b": 3}})), text_response("5")])
+            return await run(AgentSpec(mcp_servers=(server,)), "go", chat)
+
+        with contextlib.redirect_stderr(io.StringIO()):
+            result = anyio.run(main)
+        print(result.terminal, result.text)
+        """
+    )
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": src},
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "end_turn 5"
+
+
 @pytest.mark.anyio
 async def test_a_run_cancelled_from_outside_during_a_call_stops_its_server() -> None:
     pids: list[int] = []

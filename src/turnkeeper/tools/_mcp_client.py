@@ -3,11 +3,14 @@ official `mcp` SDK. Imported only when a spec names MCP servers."""
 
 from __future__ import annotations
 
+import functools
+import io
 import math
 import os
 import re
+import sys
 from contextlib import AsyncExitStack
-from typing import Any
+from typing import Any, TextIO
 
 import anyio
 import httpx2
@@ -15,6 +18,7 @@ import mcp_types
 import msgspec
 from anyio.abc import TaskStatus
 from mcp import Client, MCPError, StdioServerParameters
+from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
 from turnkeeper.core import McpServer
@@ -111,7 +115,7 @@ async def _client(server: McpServer, stack: AsyncExitStack) -> Client:
         params = StdioServerParameters(
             command=server.command, args=list(server.args), env=_expand(server.env, "env")
         )
-        return Client(params, read_timeout_seconds=server.timeout)
+        return Client(stdio_client(params, errlog=_errlog()), read_timeout_seconds=server.timeout)
     assert server.url is not None
     http = await stack.enter_async_context(
         httpx2.AsyncClient(
@@ -122,6 +126,26 @@ async def _client(server: McpServer, stack: AsyncExitStack) -> Client:
     )
     transport = streamable_http_client(server.url, http_client=http)
     return Client(transport, read_timeout_seconds=server.timeout)
+
+
+def _errlog() -> TextIO:
+    """Where a stdio server's stderr goes: this process's stderr, or the one it started with
+    when that has been replaced by a stream with no file (a StringIO, say), which a child
+    process cannot write to. The SDK's default is the stderr of when it was imported."""
+    for stream in (sys.stderr, sys.__stderr__):
+        try:
+            if stream is not None:
+                stream.fileno()
+                return stream
+        except (OSError, ValueError, io.UnsupportedOperation):
+            continue
+    return _devnull()
+
+
+@functools.cache
+def _devnull() -> TextIO:
+    """One null stream for every server, opened once: servers hold their errlog for life."""
+    return open(os.devnull, "w")
 
 
 def _expand(values: dict[str, str], field: str) -> dict[str, str]:

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 import anyio
 import msgspec
+import structlog
 
 from turnkeeper.core import LogCorrupt, LogError, SeqError, gc_paused
 from turnkeeper.events import Envelope, decode_envelope, decode_envelopes
@@ -24,6 +25,8 @@ from turnkeeper.logs._sqlite_checkpointer import WRITER_CHECKPOINT_PAGES, Checkp
 from turnkeeper.logs._sqlite_writer import Writer, last_seq, sqlite_error, transaction
 
 _T = TypeVar("_T")
+
+_logger = structlog.get_logger(__name__)
 
 _SCHEMA_VERSION = 2
 # A session is in the sessions table exactly when it has events: its first event puts it
@@ -55,6 +58,23 @@ _SESSION_ROWS = """SELECT pos, session_id, seq, body FROM events
     WHERE session_id = ? AND seq > ? ORDER BY seq LIMIT ?"""
 _ALL_ROWS = "SELECT pos, session_id, seq, body FROM events WHERE pos > ? ORDER BY pos LIMIT ?"
 _SESSIONS = "SELECT session_id FROM sessions ORDER BY id"
+# What the file records of a session apart from its rows in seq order: its last row's
+# seq and whether it is in the sessions table. A read of the session is checked against
+# it, read before the rows: events are only ever added, so the rows read after it reach
+# at least that far, and a read that stops short has met a damaged file.
+_RECORDED = """SELECT (SELECT max(seq) FROM events WHERE session_id = ?1),
+    EXISTS (SELECT 1 FROM sessions WHERE session_id = ?1)"""
+# Asks SQLite whether it writes the file (Python 3.11's sqlite3 has no
+# sqlite3_db_readonly): a write that changes nothing, refused with SQLITE_READONLY when
+# SQLite opened the file read-only (its mode, or a read-only directory).
+_WRITE_PROBE = "DELETE FROM sessions WHERE 0"
+_INTEGRITY_CHECK = "PRAGMA integrity_check"
+# Every row in position order, read from the table itself rather than through the index
+# that reads use.
+_STORED_ROWS = "SELECT session_id, seq FROM events NOT INDEXED ORDER BY pos"
+# quick_check's first findings are enough to say the file is damaged; `turnkeeper check`
+# lists them all.
+_QUICK_CHECK = "PRAGMA quick_check(10)"
 _BUSY_TIMEOUT_MS = 5000
 # The writer lock's file, beside the database: `log.db` is locked by `log.db-writer.lock`.
 _LOCK_SUFFIX = "-writer.lock"
@@ -107,6 +127,14 @@ class _Page(msgspec.Struct, frozen=True):
         return self.seqs[-1] if query.by_seq else self.positions[-1]
 
 
+class StoredChain(msgspec.Struct, frozen=True):
+    """A session's rows as the events table holds them: how many, and the first break in
+    their seq chain (None if they run 1, 2, 3...)."""
+
+    rows: int = 0
+    problem: str | None = None
+
+
 class _Storage(msgspec.Struct):
     """What opening a SqliteLog's file gives: the writer's connection and the writer lock's
     descriptor (None for a log that only reads, and then why it does), and the reader's
@@ -116,6 +144,8 @@ class _Storage(msgspec.Struct):
     lock_fd: int | None
     reader: sqlite3.Connection
     read_only_because: str = ""
+    # What quick_check found wrong with the file; nothing if it is sound.
+    damage: list[str] = msgspec.field(default_factory=list)
 
 
 class SqliteLog(EventLog):
@@ -148,7 +178,15 @@ class SqliteLog(EventLog):
     False. So two Hosts on one file cannot both write its sessions. A log opened
     `read_only` never takes the lock and never writes the database (it opens it
     read-only, and the file must exist), so a reader (a tailer, the command line) cannot
-    keep a writer that starts at the same moment from writing.
+    keep a writer that starts at the same moment from writing. A file SQLite can only
+    read (its mode, a read-only directory) opens for reading too.
+
+    Damage is looked for, not assumed away: opening runs SQLite's `quick_check`, and a
+    file it finds damaged opens for reading only (writing a damaged file can spread the
+    damage), saying so in `read_only_because` and in an error logged once. A read of a
+    session that stops short of the session's last row, or finds no rows of a session
+    the sessions table lists, raises LogCorrupt naming the session, as a gap or a bad row
+    does. `integrity_check` and `stored_chains` (for `turnkeeper check`) look further.
     """
 
     # The writer exists only in a log that writes (`_writing`).
@@ -169,6 +207,13 @@ class SqliteLog(EventLog):
         """Transactions committed so far."""
         return self._writer.commits if self._writing else 0
 
+    @property
+    def read_only_because(self) -> str:
+        """Why the open log does not write its file ("" while it does, and before it opens):
+        it was opened `read_only`, another log writes it, SQLite opens it read-only, or
+        `quick_check` found it damaged."""
+        return self._read_only_because
+
     def __repr__(self) -> str:
         suffix = ", read_only=True" if self.read_only else ""
         return f"SqliteLog({str(self.path)!r}{suffix})"
@@ -182,6 +227,8 @@ class SqliteLog(EventLog):
         self._reader = storage.reader
         self._lock_fd = storage.lock_fd
         self._read_only_because = storage.read_only_because
+        if storage.damage:
+            _logger.error("sqlite log: damaged file", path=str(self.path), damage=storage.damage)
         if storage.writer is not None:
             try:
                 checkpointer = Checkpointer(partial(_connection, self.path), self.path)
@@ -221,6 +268,10 @@ class SqliteLog(EventLog):
 
     async def _read(self, session_id: str, after: int, limit: int | None) -> list[Envelope]:
         events: list[Envelope] = []
+        recorded: list[tuple[Any, Any]] = []
+
+        def record(connection: sqlite3.Connection) -> None:
+            recorded.append(connection.execute(_RECORDED, (session_id,)).fetchone())
 
         def take(page: _Page) -> None:
             envelopes = _decoded(self.path, page)
@@ -231,7 +282,8 @@ class SqliteLog(EventLog):
 
         # One pause of the cycle collector for the whole read (see `_read_all`).
         with gc_paused():
-            await self._read_pages(_SESSION, (session_id,), after, limit, take)
+            await self._read_pages(_SESSION, (session_id,), after, limit, take, record)
+        _check_recorded(self.path, session_id, after, limit, len(events), *recorded[0])
         return events
 
     async def _last_seq(self, session_id: str) -> int:
@@ -269,14 +321,16 @@ class SqliteLog(EventLog):
         after: int,
         limit: int | None,
         take: Callable[[_Page], None],
+        before: Callable[[sqlite3.Connection], None] | None = None,
     ) -> None:
         """Hand `take` the pages of `query`'s rows after `after`, at most `limit` rows in
-        all, in order. After the first page, one call in a worker thread fetches the rest
-        one after another: while `take` has one page, it fetches the next, in SQLite
-        without the GIL, so the two overlap. An error is raised as itself: the one `take`
-        raised, else the fetch's."""
+        all, in order, having run `before` on the connection in the same worker thread
+        call as the first page's fetch. After the first page, one call in a worker thread
+        fetches the rest one after another: while `take` has one page, it fetches the
+        next, in SQLite without the GIL, so the two overlap. An error is raised as itself:
+        the one `take` raised, else the fetch's."""
         size = _page_size(limit, 0)
-        page = await self._on_reader(partial(_fetch_page, query, (*key, after, size)))
+        page = await self._on_reader(partial(_fetch_first, before, query, (*key, after, size)))
         if not _read_on(page, size, size, limit):
             take(page)
             return
@@ -319,6 +373,26 @@ class SqliteLog(EventLog):
         if errors:
             raise errors[0]
 
+    async def integrity_check(self) -> list[str]:
+        """What SQLite's integrity_check finds wrong with the file (nothing: an empty
+        list): it reads every page and checks every index against its table, which takes
+        a while on a large file (for `turnkeeper check`, not for every open)."""
+        await self._ready()
+
+        def check(connection: sqlite3.Connection) -> list[str]:
+            found = [_one_line(str(row[0])) for row in connection.execute(_INTEGRITY_CHECK)]
+            return [] if found == ["ok"] else found
+
+        return await self._on_reader(check)
+
+    async def stored_chains(self) -> dict[str, StoredChain]:
+        """Every session's rows as the events table holds them, read in position order
+        from the table itself, not through the index reads use (for `turnkeeper check`,
+        which holds them against what `read` returns). A session id that is not text is
+        given as its repr."""
+        await self._ready()
+        return await self._on_reader(_stored_chains)
+
     async def _on_reader(self, work: Callable[[sqlite3.Connection], _T]) -> _T:
         """Run `work` on the read connection in a worker thread, one at a time."""
 
@@ -332,9 +406,27 @@ class SqliteLog(EventLog):
 
 
 def _open_storage(path: Path, read_only: bool) -> _Storage:
+    """Open the file for a log (see `_opened`), then quick_check it: a file it finds
+    damaged opens for reading only, saying why."""
+    storage = _opened(path, read_only)
+    try:
+        damage = _quick_check(storage.reader, path)
+    except BaseException:
+        _release(storage)
+        storage.reader.close()
+        raise
+    if not damage:
+        return storage
+    _release(storage)
+    because = f"SQLite's quick_check finds it damaged ({damage[0]}); see: turnkeeper check {path}"
+    return _Storage(None, None, storage.reader, because, damage)
+
+
+def _opened(path: Path, read_only: bool) -> _Storage:
     """Open the file for a log: read-only if `read_only`, else as its writer if the writer
-    lock can be taken, else for reading only (after making the schema, if the file is new,
-    so that the reader finds it even if the lock's holder has not made it yet)."""
+    lock can be taken and SQLite writes the file, else for reading only (after making the
+    schema, if the file is new, so that the reader finds it even if the lock's holder has
+    not made it yet)."""
     if read_only:
         return _Storage(None, None, _read_only_connection(path), "it was opened read_only")
     try:
@@ -344,6 +436,10 @@ def _open_storage(path: Path, read_only: bool) -> _Storage:
     lock_fd, because = _lock(path)
     try:
         writer, reader = _connect(path)
+    except _ReadOnlyFile as exc:
+        if lock_fd is not None:
+            os.close(lock_fd)
+        return _Storage(None, None, _read_only_connection(path), f"SQLite opens it {exc}")
     except BaseException:
         if lock_fd is not None:
             os.close(lock_fd)
@@ -352,6 +448,40 @@ def _open_storage(path: Path, read_only: bool) -> _Storage:
         writer.close()
         return _Storage(None, None, reader, because)
     return _Storage(writer, lock_fd, reader)
+
+
+class _ReadOnlyFile(Exception):
+    """SQLite opened the file read-only; the message says how it knows."""
+
+
+def _release(storage: _Storage) -> None:
+    """Close the writer's connection and release the writer lock, if the storage has them."""
+    if storage.writer is not None:
+        storage.writer.close()
+    if storage.lock_fd is not None:
+        os.close(storage.lock_fd)
+
+
+def _quick_check(connection: sqlite3.Connection, path: Path) -> list[str]:
+    """What SQLite's quick_check finds wrong with the file (nothing: an empty list).
+
+    quick_check reads every page and checks each b-tree's structure and the NOT NULL
+    columns, but not that the indexes agree with the tables (`integrity_check` does, for
+    about half as much time again); reads check the index's answers against what else
+    the file records of the session (see `_RECORDED`)."""
+    try:
+        rows = connection.execute(_QUICK_CHECK).fetchall()
+    except sqlite3.DatabaseError as exc:
+        if getattr(exc, "sqlite_errorname", "").startswith("SQLITE_CORRUPT"):
+            return [str(exc)]
+        raise sqlite_error(path, exc) from None
+    found = [_one_line(str(message)) for (message,) in rows]
+    return [] if found == ["ok"] else found
+
+
+def _one_line(message: str) -> str:
+    """A check's message on one line, without the name of the only database checked."""
+    return " ".join(message.split()).removeprefix("*** in database main *** ")
 
 
 def _lock(path: Path) -> tuple[int | None, str]:
@@ -380,24 +510,42 @@ def _lock(path: Path) -> tuple[int | None, str]:
     return fd, ""
 
 
+def _stored_chains(connection: sqlite3.Connection) -> dict[str, StoredChain]:
+    """In a worker thread: each session's rows (see `SqliteLog.stored_chains`)."""
+    rows: dict[str, int] = {}
+    problems: dict[str, str] = {}
+    for session_id, seq in connection.execute(_STORED_ROWS):
+        key = session_id if isinstance(session_id, str) else repr(session_id)
+        count = rows.get(key, 0)
+        rows[key] = count + 1
+        if key in problems:
+            continue
+        if not isinstance(session_id, str):
+            problems[key] = f"session id {session_id!r} is not text"
+        elif type(seq) is not int or seq != count + 1:
+            problems[key] = f"seq {seq!r} where seq {count + 1} should be"
+    return {key: StoredChain(count, problems.get(key)) for key, count in rows.items()}
+
+
 def _read_only_connection(path: Path) -> sqlite3.Connection:
     """A connection that only reads the database (which must exist and be turnkeeper's)."""
     if not path.is_file():
         raise LogError(f"{path}: no log file there")
-    # As a URI, so that SQLite opens the file read-only (mode=ro); any name can be one.
-    uri = f"{path.absolute().as_uri()}?mode=ro"
     try:
-        connection = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+        connection, version = _read_only_open(path, "mode=ro")
+    except sqlite3.OperationalError as exc:
+        # A WAL file is read through its -shm file, which SQLite cannot make in a
+        # read-only directory. Nobody can write the file there either (a writer needs a
+        # -wal file beside it), so it is read as immutable: without the -shm file, which
+        # only a -wal file holding commits needs.
+        if exc.sqlite_errorname != "SQLITE_READONLY_DIRECTORY" or _has_commits_in_wal(path):
+            raise sqlite_error(path, exc) from None
+        try:
+            connection, version = _read_only_open(path, "mode=ro&immutable=1")
+        except sqlite3.Error as again:
+            raise sqlite_error(path, again) from None
     except sqlite3.Error as exc:
         raise sqlite_error(path, exc) from None
-    try:
-        connection.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
-        version = _user_version(connection)
-    except BaseException as exc:
-        connection.close()
-        if isinstance(exc, sqlite3.Error):
-            raise sqlite_error(path, exc) from None
-        raise
     # A version 1 file reads as a version 2 one does (only its writer differs).
     if version not in (1, _SCHEMA_VERSION):
         connection.close()
@@ -407,19 +555,44 @@ def _read_only_connection(path: Path) -> sqlite3.Connection:
     return connection
 
 
+def _has_commits_in_wal(path: Path) -> bool:
+    """Whether the file's -wal file holds anything (commits not yet checkpointed)."""
+    try:
+        return path.with_name(path.name + "-wal").stat().st_size > 0
+    except FileNotFoundError:
+        return False
+
+
+def _read_only_open(path: Path, parameters: str) -> tuple[sqlite3.Connection, int]:
+    """A connection opened with the URI `parameters` (as a URI, any name can be one), and
+    the file's schema version, read through it."""
+    uri = f"{path.absolute().as_uri()}?{parameters}"
+    connection = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+    try:
+        connection.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
+        return connection, _user_version(connection)
+    except BaseException:
+        connection.close()
+        raise
+
+
 def _connect(path: Path) -> tuple[sqlite3.Connection, sqlite3.Connection]:
-    """Open the writer and reader connections, making the schema if the file is new."""
+    """Open the writer and reader connections, making the schema if the file is new;
+    _ReadOnlyFile if SQLite only reads the file."""
     connections: list[sqlite3.Connection] = []
     try:
         for _ in range(2):
             connections.append(_connection(path))
         _ensure_schema(connections[0], path)
+        connections[0].execute(_WRITE_PROBE)
         # Checkpoints are the checkpointer's; the writer's own is a backstop.
         connections[0].execute(f"PRAGMA wal_autocheckpoint = {WRITER_CHECKPOINT_PAGES}")
     except BaseException as exc:
         for connection in connections:
             connection.close()
         if isinstance(exc, sqlite3.Error):
+            if getattr(exc, "sqlite_errorname", "").startswith("SQLITE_READONLY"):
+                raise _ReadOnlyFile(f"read-only ({exc})") from None
             raise sqlite_error(path, exc) from None
         raise
     return connections[0], connections[1]
@@ -479,6 +652,18 @@ def _read_on(page: _Page, size: int, fetched: int, limit: int | None) -> bool:
     """Whether a read goes on after `page`, fetched as `size` rows: it came full, and the
     `fetched` rows so far are not yet `limit`."""
     return len(page.positions) == size and fetched != limit
+
+
+def _fetch_first(
+    before: Callable[[sqlite3.Connection], None] | None,
+    query: _Query,
+    parameters: tuple[object, ...],
+    connection: sqlite3.Connection,
+) -> _Page:
+    """In a worker thread: run `before`, then fetch the first page."""
+    if before is not None:
+        before(connection)
+    return _fetch_page(query, parameters, connection)
 
 
 def _fetch_page(
@@ -637,6 +822,35 @@ def _first_mismatch(path: Path, page: _Page, envelopes: list[Envelope]) -> LogCo
         if envelope.session_id != session_id or envelope.seq != seq:
             return _mismatch(path, session_id, seq, envelope)
     raise AssertionError("every envelope matches its row")
+
+
+def _check_recorded(
+    path: Path,
+    session_id: str,
+    after: int,
+    limit: int | None,
+    read: int,
+    last: Any,
+    listed: Any,
+) -> None:
+    """Raise LogCorrupt unless a read of `read` events after seq `after` (of at most
+    `limit`) agrees with what the file recorded of the session before it: its last row's
+    seq `last` (None: it has no rows) and whether the sessions table lists it."""
+    if last is None:
+        if listed and after == 0:
+            raise LogCorrupt(
+                f"{path}: session {session_id} is in the sessions table but has no events "
+                f"(a damaged file? see: turnkeeper check {path})"
+            )
+        return
+    if not isinstance(last, int):
+        raise LogCorrupt(f"{path}: session {session_id}: seq {last!r} is not an integer")
+    wanted = max(last - after, 0) if limit is None else min(max(last - after, 0), limit)
+    if read < wanted:
+        raise LogCorrupt(
+            f"{path}: session {session_id}: the read stops at seq {after + read}, but its "
+            f"last event is seq {last} (a damaged file? see: turnkeeper check {path})"
+        )
 
 
 def _gap(path: Path, session_id: str, seqs: list[Any], expected: int) -> SeqError:

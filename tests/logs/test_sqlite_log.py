@@ -24,9 +24,11 @@ from hypothesis import strategies as st
 from tests.logs.test_logs import envelope, run
 from turnkeeper.core import LogCorrupt, LogError, SeqError
 from turnkeeper.events import Envelope, MessageReceived, encode_envelope
+from turnkeeper.logs import _sqlite_file as sqlite_file
 from turnkeeper.logs import _sqlite_log as sqlite_log
 from turnkeeper.logs._log import Batch, SeqConflict
-from turnkeeper.logs._sqlite_log import SqliteLog, StoredChain
+from turnkeeper.logs._sqlite_file import StoredChain
+from turnkeeper.logs._sqlite_log import SqliteLog
 from turnkeeper.providers import ScriptedChat
 from turnkeeper.sessions import Host
 
@@ -678,7 +680,7 @@ async def test_an_open_cancelled_while_it_holds_the_lock_releases_it(
     path = tmp_path / "log.db"
     opening = threading.Event()
     go_on = threading.Event()
-    real_connect = sqlite_log._connect
+    real_connect = sqlite_file._connect
 
     def slow_connect(path: Path) -> tuple[sqlite3.Connection, sqlite3.Connection]:
         opening.set()
@@ -692,7 +694,7 @@ async def test_an_open_cancelled_while_it_holds_the_lock_releases_it(
             async with log:
                 await anyio.sleep_forever()
 
-    monkeypatch.setattr(sqlite_log, "_connect", slow_connect)
+    monkeypatch.setattr(sqlite_file, "_connect", slow_connect)
     log = SqliteLog(path)
     with anyio.CancelScope() as scope:
         async with anyio.create_task_group() as group:
@@ -702,7 +704,7 @@ async def test_an_open_cancelled_while_it_holds_the_lock_releases_it(
             # The thread, holding the lock, goes on to connect after the cancel.
             go_on.set()
     assert not log.writable
-    monkeypatch.setattr(sqlite_log, "_connect", real_connect)
+    monkeypatch.setattr(sqlite_file, "_connect", real_connect)
     async with SqliteLog(path) as other:
         assert other.writable
         await other.append(run("s1", 1, 1), expected_seq=0)

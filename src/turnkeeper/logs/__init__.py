@@ -12,7 +12,8 @@ from turnkeeper.logs._jsonl import (
 from turnkeeper.logs._jsonl_log import JsonlLog
 from turnkeeper.logs._log import LARGEST_SEQ, EventLog, SeqConflict, check_batch
 from turnkeeper.logs._memory_log import MemoryLog
-from turnkeeper.logs._sqlite_log import SqliteLog, StoredChain
+from turnkeeper.logs._sqlite_file import StoredChain
+from turnkeeper.logs._sqlite_log import SqliteLog
 
 __all__ = [
     "LARGEST_SEQ",

@@ -5,7 +5,9 @@ from __future__ import annotations
 import errno
 import gc
 import itertools
+import json
 import os
+import sys
 import threading
 from functools import partial
 from pathlib import Path
@@ -397,7 +399,7 @@ async def test_an_open_cancelled_after_taking_the_lock_releases_it(
     taken = threading.Event()
     real_lock = jsonl_log._lock
 
-    def slow_lock(directory: Path, read_only: bool) -> tuple[int | None, bool]:
+    def slow_lock(directory: Path, read_only: bool) -> jsonl_log._Lock:
         taking.set()
         taken.wait()
         return real_lock(directory, read_only)
@@ -466,7 +468,7 @@ async def test_a_reader_beside_a_writer_holds_no_append_in_progress(
 
 
 @pytest.mark.anyio
-async def test_a_reader_stops_at_the_first_order_entry_its_files_do_not_hold(
+async def test_a_reader_reads_again_the_files_the_order_file_finds_short(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     real_load_order = jsonl_log._load_order
@@ -485,10 +487,12 @@ async def test_a_reader_stops_at_the_first_order_entry_its_files_do_not_hold(
 
         monkeypatch.setattr(jsonl_log, "_load_order", load_order_later)
         async with JsonlLog(tmp_path) as reader:
-            # a#2 is in no file the reader read; placing it would give it b#1's position.
-            assert [(p, e.session_id, e.seq) for p, e in await reader.read_all()] == [(1, "a", 1)]
+            # b#1 and a#2 are in no file the reader read first; it reads them again, and
+            # places them as the writer did.
+            placed = await reader.read_all()
         monkeypatch.setattr(jsonl_log, "_load_order", real_load_order)
         expected = await writer.read_all()
+    assert placed == expected
     assert [(p, e.session_id, e.seq) for p, e in expected] == [
         (1, "a", 1),
         (2, "b", 1),
@@ -534,7 +538,7 @@ async def test_an_order_file_that_cannot_be_written_loses_no_append(
     (tmp_path / "a.jsonl").write_bytes(encode_jsonl(run("a", 1, 1)))
     real_replace = jsonl_log._replace_order
 
-    def failing_replace(path: Path, events: list[Envelope]) -> None:
+    def failing_replace(path: Path, events: list[Envelope], damaged: dict[str, int]) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(jsonl_log, "_replace_order", failing_replace)
@@ -581,3 +585,148 @@ async def test_a_read_only_log_of_a_missing_directory_makes_none(tmp_path: Path)
     with pytest.raises(LogError, match="no log directory there"):
         await JsonlLog(tmp_path / "missing", read_only=True).sessions()
     assert names(tmp_path) == []
+
+
+def cut_lines(path: Path, keep: int) -> None:
+    """Keep the first `keep` lines of the file, whole: damage no line shows."""
+    path.write_bytes(b"".join(path.read_bytes().splitlines(keepends=True)[:keep]))
+
+
+@pytest.mark.anyio
+async def test_a_session_file_holding_less_than_the_order_file_records_is_damaged(
+    tmp_path: Path,
+) -> None:
+    # As the SQLite log's index damage did: a session read back as 3 events of 15.
+    await write_sessions(tmp_path, {"a": 2, "b": 15, "c": 1})
+    cut_lines(tmp_path / "b.jsonl", 3)
+    short = (
+        f"{tmp_path / 'b.jsonl'} (session b) holds 3 events, but the order file records "
+        f"seq 15 of it (a damaged log? see: turnkeeper check {tmp_path})"
+    )
+    with structlog.testing.capture_logs() as logged:
+        async with JsonlLog(tmp_path) as log:
+            assert log.writable
+            assert await log.sessions() == ["a", "c", "b"]
+            for call in (
+                log.read("b"),
+                log.last_seq("b"),
+                log.read_all(),
+                log.append([envelope("b", 4)], expected_seq=3),
+            ):
+                with pytest.raises(LogCorrupt) as damaged:
+                    await call
+                assert str(damaged.value) == short
+            assert await log.read("a") == run("a", 1, 2)
+            await log.append([envelope("a", 3)], expected_seq=2)
+    assert [entry["event"] for entry in logged] == ["jsonl log: session unreadable"]
+    # The order file keeps what it records of the session: the damage is found again.
+    for read_only in (False, True):
+        async with JsonlLog(tmp_path, read_only=read_only) as log:
+            with pytest.raises(LogCorrupt, match="holds 3 events, but the order file records"):
+                await log.read("b")
+            assert await log.read("a") == run("a", 1, 3)
+            assert await log.read("c") == run("c", 1, 1)
+
+
+@pytest.mark.anyio
+async def test_a_session_file_gone_while_the_order_file_records_it_is_damaged(
+    tmp_path: Path,
+) -> None:
+    await write_sessions(tmp_path, {"a": 2, "b": 2})
+    (tmp_path / "b.jsonl").unlink()
+    async with JsonlLog(tmp_path) as log:
+        assert await log.sessions() == ["a", "b"]
+        with pytest.raises(LogCorrupt) as gone:
+            await log.read("b")
+        assert str(gone.value) == (
+            f"{tmp_path / 'b.jsonl'} (session b) is missing, but the order file records seq 2 "
+            f"of it (a damaged log? see: turnkeeper check {tmp_path})"
+        )
+        assert await log.read("a") == run("a", 1, 2)
+
+
+@pytest.mark.anyio
+async def test_a_reader_beside_a_writer_finds_a_session_file_cut_short(tmp_path: Path) -> None:
+    await write_sessions(tmp_path, {"a": 2, "b": 5})
+    cut_lines(tmp_path / "b.jsonl", 2)
+    # The writer took the lock before the damage was done, as a long-running host would.
+    async with JsonlLog(tmp_path) as writer:
+        await writer.append([envelope("a", 3)], expected_seq=2)
+        async with JsonlLog(tmp_path, read_only=True) as reader:
+            with pytest.raises(LogCorrupt, match="holds 2 events, but the order file records"):
+                await reader.read("b")
+            assert await reader.read("a") == run("a", 1, 3)
+
+
+# Root writes a directory whatever its mode says: the check runs as root without the
+# capabilities that let it ignore modes (setpriv, of util-linux), as any other user.
+UNPRIVILEGED = (
+    ["setpriv", "--bounding-set=-dac_override,-dac_read_search"] if os.geteuid() == 0 else []
+)
+
+READ_ONLY_DIRECTORY = """
+import json, sys
+import anyio
+from turnkeeper.core import LogError
+from turnkeeper.events import Envelope, MessageReceived
+from turnkeeper.logs import JsonlLog
+from turnkeeper.providers import ScriptedChat
+from turnkeeper.sessions import Host
+
+async def main() -> None:
+    async with JsonlLog(sys.argv[1]) as log:
+        seen = {
+            "writable": log.writable,
+            "because": log.read_only_because,
+            "events": [e.seq for e in await log.read("s1")],
+        }
+        try:
+            event = MessageReceived(text="new")
+            await log.append([Envelope("s2", 1, 1.0, event)], expected_seq=0)
+        except LogError as exc:
+            seen["append"] = str(exc)
+        try:
+            async with Host(chat=ScriptedChat([]), log=log):
+                pass
+        except LogError as exc:
+            seen["host"] = str(exc)
+    print(json.dumps(seen))
+
+anyio.run(main)
+"""
+
+
+@pytest.mark.anyio
+async def test_a_directory_this_process_cannot_write_is_not_writable(tmp_path: Path) -> None:
+    directory = tmp_path / "log"
+    await write_sessions(directory, {"s1": 2})
+    # Its writer lock is there, and writable: only the directory is not.
+    directory.chmod(0o555)
+    try:
+        done = await anyio.run_process(
+            [*UNPRIVILEGED, sys.executable, "-c", READ_ONLY_DIRECTORY, str(directory)],
+            check=False,
+        )
+    finally:
+        directory.chmod(0o755)
+    assert done.returncode == 0, done.stderr.decode()
+    assert json.loads(done.stdout) == {
+        "writable": False,
+        "because": "the directory is read-only here",
+        "events": [1, 2],
+        "append": f"{directory}: this log only reads the directory: the directory is "
+        "read-only here",
+        "host": f"Host: JsonlLog({str(directory)!r}) only reads (opened read_only, or another "
+        "log writes it): a host must write its log",
+    }
+
+
+@pytest.mark.anyio
+async def test_why_a_log_only_reads_its_directory(tmp_path: Path) -> None:
+    async with JsonlLog(tmp_path) as writer:
+        assert writer.read_only_because == ""
+        async with JsonlLog(tmp_path) as second, JsonlLog(tmp_path, read_only=True) as reader:
+            assert second.read_only_because == (
+                f"another log writes it (it holds the writer lock {tmp_path / 'writer.lock'})"
+            )
+            assert reader.read_only_because == "it was opened read_only"

@@ -24,9 +24,13 @@ from hypothesis import strategies as st
 from tests.logs.test_logs import envelope, run
 from turnkeeper.core import LogCorrupt, LogError, SeqError
 from turnkeeper.events import Envelope, MessageReceived, encode_envelope
+from turnkeeper.logs import _sqlite_file as sqlite_file
 from turnkeeper.logs import _sqlite_log as sqlite_log
 from turnkeeper.logs._log import Batch, SeqConflict
+from turnkeeper.logs._sqlite_file import StoredChain
 from turnkeeper.logs._sqlite_log import SqliteLog
+from turnkeeper.providers import ScriptedChat
+from turnkeeper.sessions import Host
 
 
 def execute(path: Path, *statements: str) -> None:
@@ -676,7 +680,7 @@ async def test_an_open_cancelled_while_it_holds_the_lock_releases_it(
     path = tmp_path / "log.db"
     opening = threading.Event()
     go_on = threading.Event()
-    real_connect = sqlite_log._connect
+    real_connect = sqlite_file._connect
 
     def slow_connect(path: Path) -> tuple[sqlite3.Connection, sqlite3.Connection]:
         opening.set()
@@ -690,7 +694,7 @@ async def test_an_open_cancelled_while_it_holds_the_lock_releases_it(
             async with log:
                 await anyio.sleep_forever()
 
-    monkeypatch.setattr(sqlite_log, "_connect", slow_connect)
+    monkeypatch.setattr(sqlite_file, "_connect", slow_connect)
     log = SqliteLog(path)
     with anyio.CancelScope() as scope:
         async with anyio.create_task_group() as group:
@@ -700,7 +704,7 @@ async def test_an_open_cancelled_while_it_holds_the_lock_releases_it(
             # The thread, holding the lock, goes on to connect after the cancel.
             go_on.set()
     assert not log.writable
-    monkeypatch.setattr(sqlite_log, "_connect", real_connect)
+    monkeypatch.setattr(sqlite_file, "_connect", real_connect)
     async with SqliteLog(path) as other:
         assert other.writable
         await other.append(run("s1", 1, 1), expected_seq=0)
@@ -949,7 +953,7 @@ def statements(log: SqliteLog) -> list[str]:
 
 def row_by_row(ran: list[str]) -> bool:
     """Whether any of the statements fetched rows one by one rather than as aggregates."""
-    return any("json_group_array" not in statement for statement in ran)
+    return any(statement.startswith("SELECT pos, session_id") for statement in ran)
 
 
 @pytest.mark.anyio
@@ -1201,3 +1205,259 @@ def test_aggregates_that_cannot_stand_for_their_rows_are_refused(
     # no bodies, another type.
     assert sqlite_log._unpacked(sqlite_log._ALL, *aggregates) is None
     assert sqlite_log._unpacked(sqlite_log._ALL, "[1,2]", '["s1","s1"]', "[1,2]", b"{}\n{}")
+
+
+async def issue_log(path: Path) -> dict[str, list[Envelope]]:
+    """The log of the damage report: 20 sessions of 15 events each."""
+    sessions = {f"session-{index:03d}": run(f"session-{index:03d}", 1, 15) for index in range(20)}
+    async with SqliteLog(path) as log:
+        for events in sessions.values():
+            await log.append(events, expected_seq=0)
+    # Closed, the log has moved every commit into the file itself.
+    assert not path.with_name(f"{path.name}-wal").exists()
+    return sessions
+
+
+def page_size(path: Path) -> int:
+    connection = sqlite3.connect(path)
+    try:
+        (size,) = connection.execute("PRAGMA page_size").fetchone()
+        return int(size)
+    finally:
+        connection.close()
+
+
+def damage_index_entry(path: Path, session_id: str, seq: int) -> None:
+    """Overwrite one byte of the session index's entry for (session_id, seq) in the file,
+    so that the entry sorts after the session's others, as bit rot might.
+
+    The entry is found on the index's leaf pages (b-tree page type 10) by its record: a
+    header of four bytes (its length, then a text of the id's length, a one-byte seq and
+    a rowid), the id, and the seq.
+    """
+    data = bytearray(path.read_bytes())
+    size = page_size(path)
+    header = bytes([4, 13 + 2 * len(session_id), 1])
+    entry = re.compile(re.escape(header) + rb"[\x01\x02]" + re.escape(session_id.encode()))
+    found = []
+    for start in range(0, len(data), size):
+        if data[start + (100 if start == 0 else 0)] != 10:
+            continue
+        for match in entry.finditer(data, start, start + size):
+            if data[match.end()] == seq:
+                found.append(match.end() - 1)
+    assert len(found) == 1, found
+    data[found[0]] = 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.anyio
+async def test_byte_damage_that_shortens_a_session_is_an_error_naming_it(tmp_path: Path) -> None:
+    # The damage report's case: one session read back as 3 events of 15, with no error.
+    path = tmp_path / "log.db"
+    sessions = await issue_log(path)
+    damage_index_entry(path, "session-013", 4)
+    async with SqliteLog(path) as log:
+        # Damage quick_check does not see (the index's pages are sound, their order is not).
+        assert log.writable
+        with pytest.raises(LogCorrupt) as short:
+            await log.read("session-013")
+        assert str(short.value) == (
+            f"{path}: session session-013: the read stops at seq 3, but its last event is "
+            f"seq 15 (a damaged file? see: turnkeeper check {path})"
+        )
+        with pytest.raises(LogCorrupt, match="session session-013: the read stops at seq 3"):
+            await log.read("session-013", limit=10)
+        # A read that stops where it was asked to is not short.
+        assert await log.read("session-013", limit=2) == sessions["session-013"][:2]
+        with pytest.raises(SeqConflict):
+            await log.append(run("session-013", 4, 1), expected_seq=3)
+        for session_id, events in sessions.items():
+            if session_id != "session-013":
+                assert await log.read(session_id) == events
+        missing = "row 199 missing from index sqlite_autoindex_events_1"
+        assert await log.integrity_check() == [missing]
+        chains = await log.stored_chains()
+        assert chains["session-013"] == StoredChain(15)
+
+
+@pytest.mark.anyio
+async def test_a_session_listed_without_events_is_log_corrupt(tmp_path: Path) -> None:
+    path = tmp_path / "log.db"
+    async with SqliteLog(path) as log:
+        await log.append(run("a", 1, 2), expected_seq=0)
+        await log.append(run("b", 1, 2), expected_seq=0)
+    execute(path, "DELETE FROM events WHERE session_id = 'b'")
+    async with SqliteLog(path) as log:
+        assert await log.sessions() == ["a", "b"]
+        with pytest.raises(LogCorrupt) as empty:
+            await log.read("b")
+        assert str(empty.value) == (
+            f"{path}: session b is in the sessions table but has no events "
+            f"(a damaged file? see: turnkeeper check {path})"
+        )
+        assert await log.read("b", after=2) == []
+        assert await log.last_seq("b") == 0
+        assert await log.read("a") == run("a", 1, 2)
+        assert await log.read("never") == []
+
+
+@pytest.mark.anyio
+async def test_rows_deleted_from_the_end_leave_a_shorter_session_that_agrees_with_itself(
+    tmp_path: Path,
+) -> None:
+    # The file records nothing else of a session's length: rows removed from its end as a
+    # whole are a shorter session (integrity_check finds nothing either).
+    path = tmp_path / "log.db"
+    async with SqliteLog(path) as log:
+        await log.append(run("a", 1, 5), expected_seq=0)
+    execute(path, "DELETE FROM events WHERE seq > 3")
+    async with SqliteLog(path) as log:
+        assert await log.read("a") == run("a", 1, 3)
+        assert await log.integrity_check() == []
+        assert await log.stored_chains() == {"a": StoredChain(3)}
+
+
+def damage_page_header(path: Path, table: str) -> None:
+    """Overwrite the count of fragmented free bytes in the header of the table's root
+    page: damage quick_check finds, and reads do not notice."""
+    connection = sqlite3.connect(path)
+    try:
+        (root,) = connection.execute(
+            "SELECT rootpage FROM sqlite_master WHERE name = ?", (table,)
+        ).fetchone()
+    finally:
+        connection.close()
+    data = bytearray(path.read_bytes())
+    offset = (root - 1) * page_size(path) + (100 if root == 1 else 0) + 7
+    data[offset] = 16
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.anyio
+async def test_a_file_quick_check_finds_damaged_opens_for_reading_only(tmp_path: Path) -> None:
+    path = tmp_path / "log.db"
+    async with SqliteLog(path) as log:
+        await log.append(run("a", 1, 2), expected_seq=0)
+    damage_page_header(path, "sessions")
+    because = (
+        "SQLite's quick_check finds it damaged (Page 2: free space corruption); "
+        f"see: turnkeeper check {path}"
+    )
+    for read_only in (False, True):
+        async with SqliteLog(path, read_only=read_only) as log:
+            assert not log.writable
+            assert log.read_only_because == because
+            assert await log.read("a") == run("a", 1, 2)
+            with pytest.raises(LogError) as refused:
+                await log.append(run("a", 3, 1), expected_seq=2)
+            assert str(refused.value) == f"{path}: this log only reads the file: {because}"
+    # The damaged file's writer lock is not held: no log writes it.
+    async with SqliteLog(path) as first, SqliteLog(path) as second:
+        assert first.read_only_because == second.read_only_because == because
+    async with SqliteLog(path) as log:
+        with pytest.raises(LogError, match="a host must write its log"):
+            async with Host(chat=ScriptedChat([]), log=log):
+                pass
+
+
+@pytest.mark.anyio
+async def test_a_sound_file_passes_quick_check_and_writes(tmp_path: Path) -> None:
+    path = tmp_path / "log.db"
+    async with SqliteLog(path) as log:
+        await log.append(run("a", 1, 2), expected_seq=0)
+    async with SqliteLog(path) as log:
+        assert log.writable
+        assert log.read_only_because == ""
+        assert await log.integrity_check() == []
+        assert await log.stored_chains() == {"a": StoredChain(2)}
+    async with SqliteLog(path, read_only=True) as log:
+        assert log.read_only_because == "it was opened read_only"
+
+
+@pytest.mark.anyio
+async def test_stored_chains_name_the_first_break_of_each_session(tmp_path: Path) -> None:
+    path = tmp_path / "log.db"
+    async with SqliteLog(path) as log:
+        await log.append(run("a", 1, 5), expected_seq=0)
+        await log.append(run("b", 1, 3), expected_seq=0)
+        await log.append(run("c", 1, 1), expected_seq=0)
+    execute(
+        path,
+        "DELETE FROM events WHERE session_id = 'a' AND seq IN (2, 4)",
+        "UPDATE events SET seq = 7 WHERE session_id = 'b' AND seq = 3",
+        "UPDATE events SET session_id = x'00' WHERE session_id = 'c'",
+    )
+    async with SqliteLog(path) as log:
+        assert await log.stored_chains() == {
+            "a": StoredChain(3, "seq 3 where seq 2 should be"),
+            "b": StoredChain(3, "seq 7 where seq 3 should be"),
+            "b'\\x00'": StoredChain(1, "session id b'\\x00' is not text"),
+        }
+
+
+# Root writes a file whatever its mode says: the check runs as root without the
+# capabilities that let it ignore file modes (setpriv, of util-linux), as any other user.
+UNPRIVILEGED = (
+    ["setpriv", "--bounding-set=-dac_override,-dac_read_search"] if os.geteuid() == 0 else []
+)
+
+READ_ONLY_FILE = """
+import json, sys
+import anyio
+from turnkeeper.core import LogError
+from turnkeeper.events import Envelope, MessageReceived
+from turnkeeper.logs import SqliteLog
+from turnkeeper.providers import ScriptedChat
+from turnkeeper.sessions import Host
+
+async def main() -> None:
+    async with SqliteLog(sys.argv[1]) as log:
+        seen = {
+            "writable": log.writable,
+            "because": log.read_only_because,
+            "events": [e.seq for e in await log.read("s1")],
+        }
+        try:
+            event = MessageReceived(text="more")
+            await log.append([Envelope("s1", 3, 3.0, event)], expected_seq=2)
+        except LogError as exc:
+            seen["append"] = str(exc)
+        try:
+            async with Host(chat=ScriptedChat([]), log=log):
+                pass
+        except LogError as exc:
+            seen["host"] = str(exc)
+    print(json.dumps(seen))
+
+anyio.run(main)
+"""
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("read_only", ["file", "directory"])
+async def test_a_file_sqlite_opens_read_only_is_not_writable(
+    tmp_path: Path, read_only: str
+) -> None:
+    path = tmp_path / "logs" / "log.db"
+    async with SqliteLog(path) as log:
+        await log.append(run("s1", 1, 2), expected_seq=0)
+    made_read_only = path if read_only == "file" else path.parent
+    made_read_only.chmod(0o444 if read_only == "file" else 0o555)
+    try:
+        done = await anyio.run_process(
+            [*UNPRIVILEGED, sys.executable, "-c", READ_ONLY_FILE, str(path)], check=False
+        )
+    finally:
+        made_read_only.chmod(0o644 if read_only == "file" else 0o755)
+    assert done.returncode == 0, done.stderr.decode()
+    seen = json.loads(done.stdout)
+    because = "SQLite opens it read-only (attempt to write a readonly database)"
+    assert seen == {
+        "writable": False,
+        "because": because,
+        "events": [1, 2],
+        "append": f"{path}: this log only reads the file: {because}",
+        "host": f"Host: SqliteLog({str(path)!r}) only reads (opened read_only, or another "
+        "log writes it): a host must write its log",
+    }

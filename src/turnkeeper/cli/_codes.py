@@ -5,11 +5,15 @@ from __future__ import annotations
 from typing import Final
 
 OK: Final = 0
-"""run: the model answered (or called the terminal tool). replay --guards: same outcome."""
+"""run: the model answered (or called the terminal tool). replay --guards: same outcome.
+check: no damage found."""
 
 STOPPED: Final = 1
 """run: a guard or the runner stopped the session without an answer (max turns, going in
 circles, no terminal tool, budget, timeout). replay --guards: the outcome would differ."""
+
+DAMAGED: Final = 1
+"""check: the log is damaged (a session, or the file itself)."""
 
 USAGE: Final = 2
 """A bad argument, option, file, log or configuration; nothing was run."""

@@ -1,8 +1,9 @@
-"""The `turnkeeper` command: run, replay, sessions, export, serve.
+"""The `turnkeeper` command: run, replay, sessions, export, check, serve.
 
-Exit codes: 0 the run answered (replay: the outcome would be the same); 1 the run was
-stopped without an answer (replay --guards: the outcome would differ); 2 bad arguments,
-files, logs or configuration; 3 the model failed; 130 interrupted.
+Exit codes: 0 the run answered (replay: the outcome would be the same; check: no damage);
+1 the run was stopped without an answer (replay --guards: the outcome would differ; check:
+the log is damaged); 2 bad arguments, files, logs or configuration; 3 the model failed;
+130 interrupted.
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ from typing import Any
 
 import anyio
 import msgspec
+import structlog
 
 from turnkeeper.cli import _codes
+from turnkeeper.cli._check import CheckOptions, check_command
 from turnkeeper.cli._inspect import (
     ExportOptions,
     ReplayOptions,
@@ -34,12 +37,17 @@ _COMMANDS: dict[str, tuple[type[msgspec.Struct], Callable[[Any], Awaitable[int]]
     "replay": (ReplayOptions, replay_command),
     "sessions": (SessionsOptions, sessions_command),
     "export": (ExportOptions, export_command),
+    "check": (CheckOptions, check_command),
     "serve": (ServeOptions, serve_command),
 }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line `argv` (default: the process's); return the exit code."""
+    if not structlog.is_configured():
+        # What the logs warn of goes to stderr: stdout is the command's output (a table,
+        # JSON Lines), which a log line must not break.
+        structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
     try:
         namespace = build_parser().parse_args(argv)
         options_type, command = _COMMANDS[namespace.command]

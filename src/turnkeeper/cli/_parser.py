@@ -80,8 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="turnkeeper",
         description="Run, replay and serve LLM tool-calling agent sessions.",
-        epilog="Exit codes: 0 answered / same outcome, 1 stopped without an answer / outcome "
-        "would differ, 2 bad arguments, 3 the model failed, 130 interrupted.",
+        epilog="Exit codes: 0 answered / same outcome / no damage, 1 stopped without an answer "
+        "/ outcome would differ / damage found, 2 bad arguments, 3 the model failed, "
+        "130 interrupted.",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -150,6 +151,20 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--session", type=_text("a session id"), metavar="ID")
     export.add_argument(
         "-o", "--output", type=_text("a path"), metavar="FILE", help="default: standard output"
+    )
+
+    check = commands.add_parser(
+        "check",
+        help="look for damage in a log, session by session",
+        description="Check a log: SQLite's integrity_check (for a SQLite file), every "
+        "session's seq chain, and a replay of each session. Prints a table; exits 1 if "
+        "anything is damaged.",
+    )
+    check.add_argument(
+        "log",
+        type=_text("a path"),
+        metavar="LOG",
+        help="a JsonlLog directory, .jsonl or SQLite log",
     )
 
     serve = commands.add_parser("serve", help="serve the HTTP API for orchestrators")

@@ -12,6 +12,7 @@ from turnkeeper.logs._jsonl import (
 from turnkeeper.logs._jsonl_log import JsonlLog
 from turnkeeper.logs._log import LARGEST_SEQ, EventLog, SeqConflict, check_batch
 from turnkeeper.logs._memory_log import MemoryLog
+from turnkeeper.logs._sqlite_file import StoredChain
 from turnkeeper.logs._sqlite_log import SqliteLog
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "MemoryLog",
     "SeqConflict",
     "SqliteLog",
+    "StoredChain",
     "TornTail",
     "check_batch",
     "check_sequence",

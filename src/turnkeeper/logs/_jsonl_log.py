@@ -48,13 +48,24 @@ class _SessionFile(msgspec.Struct, frozen=True):
 
 
 class _Directory(msgspec.Struct, frozen=True):
-    """What a log directory held: its session files, the order file's entries, and why
-    each session file that does not read does not."""
+    """What a log directory held: its session files, the order file's entries, why each
+    session that does not read does not, and the last seq the order file records of each
+    of those."""
 
     files: tuple[_SessionFile, ...]
     order: tuple[tuple[str, int], ...]
     order_clean: bool
     damaged: dict[str, LogError]
+    damaged_records: dict[str, int]
+
+
+class _Lock(msgspec.Struct, frozen=True):
+    """The directory's writer lock as `_lock` found it: its descriptor (None for a log
+    that only reads, and then why it does), and whether another log holds it."""
+
+    fd: int | None
+    live_writer: bool
+    read_only_because: str = ""
 
 
 class JsonlLog(EventLog):
@@ -74,10 +85,14 @@ class JsonlLog(EventLog):
 
     A torn last line (a write cut short by a crash) is reported, in `torn` and as a
     warning, and skipped; the file is cut back to its last good line before the
-    session's next append. Any other bad line, an event of another session, or a gap
-    or repeat in the seqs damages that session alone: reading it, appending to it and
-    `read_all` raise LogCorrupt or SeqError naming the file and session (as reading a
-    damaged row does in a SqliteLog), while the other sessions read and append as ever.
+    session's next append. Any other bad line, an event of another session, a gap or
+    repeat in the seqs, or fewer events than the order file (below) records of the
+    session (a file cut short, or gone) damages that session alone: reading it,
+    appending to it and `read_all` raise LogCorrupt or SeqError naming the file and
+    session (as reading a damaged row does in a SqliteLog), while the other sessions read
+    and append as ever. The order file keeps what it records of a damaged session, so the
+    damage is found again at the next open. A directory this process cannot write opens
+    for reading only, as a file SQLite opens read-only does.
 
     Positions: the file `order.idx` records the global order, one line
     `<session_id> <seq>` per append ("that session's events up to seq come next").
@@ -106,7 +121,16 @@ class JsonlLog(EventLog):
         self._order_fd: int | None = None
         self._order_stale = False
         self._damaged: dict[str, LogError] = {}
+        self._damaged_records: dict[str, int] = {}
         self._lock_fd: int | None = None
+        self._read_only_because = ""
+
+    @property
+    def read_only_because(self) -> str:
+        """Why the open log does not write its directory ("" while it does, and before it
+        opens): it was opened `read_only`, another log writes it, or the directory or its
+        writer lock cannot be written here."""
+        return self._read_only_because
 
     def __repr__(self) -> str:
         suffix = ", read_only=True" if self.read_only else ""
@@ -114,12 +138,15 @@ class JsonlLog(EventLog):
 
     async def _open(self) -> None:
         # Locked before it is read: what a writer reads, no other writer changes.
-        self._lock_fd, live_writer = await anyio.to_thread.run_sync(
-            _lock, self.directory, self.read_only
-        )
+        lock = await anyio.to_thread.run_sync(_lock, self.directory, self.read_only)
+        self._lock_fd, live_writer = lock.fd, lock.live_writer
+        self._read_only_because = lock.read_only_because
         try:
             directory = await anyio.to_thread.run_sync(_load_directory, self.directory)
-            events, exact = _arrange(directory.files, directory.order, placed_only=live_writer)
+            self._damaged_records = directory.damaged_records
+            events, exact = _arrange(
+                directory.files, directory.order, directory.damaged, placed_only=live_writer
+            )
             if self._lock_fd is not None and not (exact and directory.order_clean):
                 # Rewritten now, not at the first append: a reader beside this log trusts it.
                 await anyio.to_thread.run_sync(self._rewrite_order, events)
@@ -173,12 +200,9 @@ class JsonlLog(EventLog):
                 "digits, '.', '_' or '-', starting with a letter or digit"
             )
         if self._lock_fd is None:
-            why = (
-                "it was opened read_only"
-                if self.read_only
-                else "another log writes it, or it cannot be written here"
+            raise LogError(
+                f"{self.directory}: this log only reads the directory: {self._read_only_because}"
             )
-            raise LogError(f"{self.directory}: this log only reads the directory: {why}")
         self._check_readable(session_id)
         self._in_flight += 1
         try:
@@ -248,7 +272,7 @@ class JsonlLog(EventLog):
             self._order_fd = None
         path = self.directory / _ORDER
         try:
-            _replace_order(path, events)
+            _replace_order(path, events, self._damaged_records)
         except OSError as exc:
             self._order_stale = True
             _logger.warning(
@@ -284,28 +308,28 @@ class JsonlLog(EventLog):
             )
 
 
-def _lock(directory: Path, read_only: bool) -> tuple[int | None, bool]:
+def _lock(directory: Path, read_only: bool) -> _Lock:
     """Take the directory's writer lock (creating the directory if it is missing), unless
     `read_only`.
 
-    Returns the lock's descriptor, or None if this log only reads: it is `read_only`,
-    another log holds the lock, or the lock cannot be taken here (a read-only directory).
-    The flag says whether another log holds it, that is, whether a live writer may be
-    appending while this one reads.
+    The lock's descriptor is None if this log only reads: it is `read_only`, another log
+    holds the lock, or the lock cannot be taken or the directory written here (a
+    read-only directory). `live_writer` says whether another log holds it, that is,
+    whether a live writer may be appending while this one reads.
     """
     path = directory / _LOCK
     if read_only:
         if not directory.is_dir():
             raise LogError(f"{directory}: no log directory there")
-        return None, _held(path)
+        return _Lock(None, _held(path), "it was opened read_only")
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise LogError(f"{directory}: cannot open the log directory: {exc}") from None
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    except OSError:
-        return None, _held(path)
+    except OSError as exc:
+        return _Lock(None, _held(path), f"cannot open its writer lock: {exc}")
     # A few tries: a read_only log looking at the lock holds it for a moment (see `_held`).
     for attempt in range(_LOCK_TRIES):
         try:
@@ -314,9 +338,17 @@ def _lock(directory: Path, read_only: bool) -> tuple[int | None, bool]:
             if attempt + 1 < _LOCK_TRIES:
                 time.sleep(0.01)
         else:
-            return fd, False
-    os.close(fd)
-    return None, True
+            break
+    else:
+        os.close(fd)
+        return _Lock(None, True, f"another log writes it (it holds the writer lock {path})")
+    # Its lock file may be writable where the directory is not (no session file could be
+    # made there): this process, not the file's mode, decides.
+    if not os.access(directory, os.W_OK | os.X_OK):
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+        return _Lock(None, False, "the directory is read-only here")
+    return _Lock(fd, False)
 
 
 def _held(path: Path) -> bool:
@@ -344,9 +376,49 @@ def _load_directory(directory: Path) -> _Directory:
         raise LogError(f"{directory}: cannot open the log directory: {exc}") from None
     files, damaged = _load_files(paths)
     # Read after the session files: a writer records an append's order after its lines,
-    # so every event this order file places is in the files read (see `_arrange`).
+    # so every event this order file places is in the files read (see `_arrange`), or
+    # was appended since they were read.
     order, clean = _load_order(directory / _ORDER)
-    return _Directory(files, order, clean, damaged)
+    recorded: dict[str, int] = {}
+    for session_id, seq in order:
+        recorded[session_id] = max(seq, recorded.get(session_id, 0))
+    files = _check_recorded(directory, files, recorded, damaged)
+    damaged_records = {key: recorded[key] for key in damaged if key in recorded}
+    return _Directory(files, order, clean, damaged, damaged_records)
+
+
+def _check_recorded(
+    directory: Path,
+    files: tuple[_SessionFile, ...],
+    recorded: dict[str, int],
+    damaged: dict[str, LogError],
+) -> tuple[_SessionFile, ...]:
+    """The session files that hold at least the events the order file records of their
+    session, read again if they did not: a writer fsyncs an append's lines before it
+    records them, so a file that still holds fewer (or is gone) is damaged, and `damaged`
+    gets why. A file that now holds enough has grown since it was read (a live writer)."""
+    held = {file.session_id: file for file in files}
+    for session_id, seq in recorded.items():
+        file = held.get(session_id)
+        if session_id in damaged or (file is not None and len(file.events) >= seq):
+            continue
+        path = directory / f"{session_id}{_SUFFIX}"
+        try:
+            file = _load_file(path, session_id) if path.exists() else None
+        except LogError as exc:
+            file, damaged[session_id] = None, exc
+        else:
+            if file is None or len(file.events) < seq:
+                has = "is missing" if file is None else f"holds {len(file.events)} events"
+                damaged[session_id] = LogCorrupt(
+                    f"{path} (session {session_id}) {has}, but the order file records seq "
+                    f"{seq} of it (a damaged log? see: turnkeeper check {directory})"
+                )
+        if session_id in damaged:
+            held.pop(session_id, None)
+        elif file is not None:
+            held[session_id] = file
+    return tuple(held.values())
 
 
 def _load_files(paths: list[Path]) -> tuple[tuple[_SessionFile, ...], dict[str, LogError]]:
@@ -387,30 +459,34 @@ def _load_order(path: Path) -> tuple[tuple[tuple[str, int], ...], bool]:
 
 
 def _arrange(
-    files: tuple[_SessionFile, ...], order: tuple[tuple[str, int], ...], *, placed_only: bool
+    files: tuple[_SessionFile, ...],
+    order: tuple[tuple[str, int], ...],
+    damaged: dict[str, LogError],
+    *,
+    placed_only: bool,
 ) -> tuple[list[Envelope], bool]:
     """Every event in global order, and whether the order file placed exactly all of them.
 
-    With `placed_only` (a live writer may be appending), only the events the order file
-    places, up to its first entry for events not in the files: those were appended after
-    the files were read, and an event after them in the order may yet come before one that
-    is in the files. What is left is a prefix of the writer's order, so positions agree.
+    The files hold every event the order file places (see `_check_recorded`), except
+    those of `damaged` sessions, whose entries place nothing. With `placed_only` (a live
+    writer may be appending), only the events the order file places: the files may hold
+    more, appended since, and one of those may yet come before an event the order file
+    will place next. What is left is a prefix of the writer's order, so positions agree.
     """
     sessions = {file.session_id: file.events for file in files}
     placed: dict[str, int] = {}
     arranged: list[Envelope] = []
     exact = True
     for session_id, seq in order:
-        events = sessions.get(session_id, ())
+        if session_id in damaged:
+            continue
         start = placed.get(session_id, 0)
-        if not start < seq <= len(events):
+        if seq <= start:
+            # An entry that places nothing new (one written twice, say).
             exact = False
-            if placed_only and seq > len(events):
-                break
-        end = min(seq, len(events))
-        if end > start:
-            arranged.extend(events[start:end])
-            placed[session_id] = end
+            continue
+        arranged.extend(sessions[session_id][start:seq])
+        placed[session_id] = seq
     if placed_only:
         return arranged, False
     ranked: list[tuple[float, str, int, Envelope]] = []
@@ -428,13 +504,15 @@ def _arrange(
     return arranged, exact and not ranked
 
 
-def _replace_order(path: Path, events: list[Envelope]) -> None:
-    """Replace the order file with one that places `events` (every event, in global order)."""
+def _replace_order(path: Path, events: list[Envelope], damaged_records: dict[str, int]) -> None:
+    """Replace the order file with one that places `events` (every event, in global order)
+    and ends with what it records of each damaged session, which places nothing."""
     lines: list[bytes] = []
     for index, envelope in enumerate(events):
         following = events[index + 1].session_id if index + 1 < len(events) else None
         if following != envelope.session_id:
             lines.append(f"{envelope.session_id} {envelope.seq}\n".encode())
+    lines += [f"{session_id} {seq}\n".encode() for session_id, seq in damaged_records.items()]
     temporary = path.with_name(f"{_ORDER}.tmp")
     temporary.write_bytes(b"".join(lines))
     temporary.replace(path)

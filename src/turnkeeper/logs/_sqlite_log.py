@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import io
 import os
@@ -16,48 +15,36 @@ from typing import Any, TypeVar
 
 import anyio
 import msgspec
+import structlog
 
 from turnkeeper.core import LogCorrupt, LogError, SeqError, gc_paused
 from turnkeeper.events import Envelope, decode_envelope, decode_envelopes
 from turnkeeper.logs._log import Batch, EventLog
-from turnkeeper.logs._sqlite_checkpointer import WRITER_CHECKPOINT_PAGES, Checkpointer
-from turnkeeper.logs._sqlite_writer import Writer, last_seq, sqlite_error, transaction
+from turnkeeper.logs._sqlite_checkpointer import Checkpointer
+from turnkeeper.logs._sqlite_file import (
+    StoredChain,
+    configured_connection,
+    integrity_check,
+    open_storage,
+    stored_chains,
+)
+from turnkeeper.logs._sqlite_writer import Writer, last_seq, sqlite_error
 
 _T = TypeVar("_T")
 
-_SCHEMA_VERSION = 2
-# A session is in the sessions table exactly when it has events: its first event puts it
-# there, in the statement that inserts it. (Version 1 had no trigger: its writer inserted
-# the row itself. Opening a version 1 file adds the trigger.)
-_SESSIONS_TRIGGER = """CREATE TRIGGER IF NOT EXISTS session_opened AFTER INSERT ON events
-    WHEN NEW.seq = 1
-    BEGIN INSERT INTO sessions (session_id) VALUES (NEW.session_id); END"""
-_SCHEMA = (
-    """CREATE TABLE sessions (
-        id INTEGER PRIMARY KEY,
-        session_id TEXT NOT NULL UNIQUE
-    )""",
-    """CREATE TABLE events (
-        pos INTEGER PRIMARY KEY AUTOINCREMENT,
-        session_id TEXT NOT NULL,
-        seq INTEGER NOT NULL,
-        at REAL NOT NULL,
-        type TEXT NOT NULL,
-        body BLOB NOT NULL,
-        UNIQUE (session_id, seq)
-    )""",
-    _SESSIONS_TRIGGER,
-    f"PRAGMA user_version = {_SCHEMA_VERSION}",
-)
-_UPGRADE = (_SESSIONS_TRIGGER, f"PRAGMA user_version = {_SCHEMA_VERSION}")
+_logger = structlog.get_logger(__name__)
+
 # A read's rows: a session's after a seq, in seq order, or all sessions' after a position.
 _SESSION_ROWS = """SELECT pos, session_id, seq, body FROM events
     WHERE session_id = ? AND seq > ? ORDER BY seq LIMIT ?"""
 _ALL_ROWS = "SELECT pos, session_id, seq, body FROM events WHERE pos > ? ORDER BY pos LIMIT ?"
 _SESSIONS = "SELECT session_id FROM sessions ORDER BY id"
-_BUSY_TIMEOUT_MS = 5000
-# The writer lock's file, beside the database: `log.db` is locked by `log.db-writer.lock`.
-_LOCK_SUFFIX = "-writer.lock"
+# What the file records of a session apart from its rows in seq order: its last row's
+# seq and whether it is in the sessions table. A read of the session is checked against
+# it, read before the rows: events are only ever added, so the rows read after it reach
+# at least that far, and a read that stops short has met a damaged file.
+_RECORDED = """SELECT (SELECT max(seq) FROM events WHERE session_id = ?1),
+    EXISTS (SELECT 1 FROM sessions WHERE session_id = ?1)"""
 # Rows per page: large enough that the worker-thread hop is cheap next to decoding the
 # page, small enough that decoding one (on the event loop) stays within milliseconds.
 _PAGE = 4096
@@ -107,17 +94,6 @@ class _Page(msgspec.Struct, frozen=True):
         return self.seqs[-1] if query.by_seq else self.positions[-1]
 
 
-class _Storage(msgspec.Struct):
-    """What opening a SqliteLog's file gives: the writer's connection and the writer lock's
-    descriptor (None for a log that only reads, and then why it does), and the reader's
-    connection."""
-
-    writer: sqlite3.Connection | None
-    lock_fd: int | None
-    reader: sqlite3.Connection
-    read_only_because: str = ""
-
-
 class SqliteLog(EventLog):
     """An event log in the SQLite file at `path` (created if missing), in WAL mode.
 
@@ -148,7 +124,15 @@ class SqliteLog(EventLog):
     False. So two Hosts on one file cannot both write its sessions. A log opened
     `read_only` never takes the lock and never writes the database (it opens it
     read-only, and the file must exist), so a reader (a tailer, the command line) cannot
-    keep a writer that starts at the same moment from writing.
+    keep a writer that starts at the same moment from writing. A file SQLite can only
+    read (its mode, a read-only directory) opens for reading too.
+
+    Damage is looked for, not assumed away: opening runs SQLite's `quick_check`, and a
+    file it finds damaged opens for reading only (writing a damaged file can spread the
+    damage), saying so in `read_only_because` and in an error logged once. A read of a
+    session that stops short of the session's last row, or finds no rows of a session
+    the sessions table lists, raises LogCorrupt naming the session, as a gap or a bad row
+    does. `integrity_check` and `stored_chains` (for `turnkeeper check`) look further.
     """
 
     # The writer exists only in a log that writes (`_writing`).
@@ -169,6 +153,13 @@ class SqliteLog(EventLog):
         """Transactions committed so far."""
         return self._writer.commits if self._writing else 0
 
+    @property
+    def read_only_because(self) -> str:
+        """Why the open log does not write its file ("" while it does, and before it opens):
+        it was opened `read_only`, another log writes it, SQLite opens it read-only, or
+        `quick_check` found it damaged."""
+        return self._read_only_because
+
     def __repr__(self) -> str:
         suffix = ", read_only=True" if self.read_only else ""
         return f"SqliteLog({str(self.path)!r}{suffix})"
@@ -178,13 +169,15 @@ class SqliteLog(EventLog):
         # One call in a thread, and nothing awaited after it: a cancelled open either
         # fails in the thread (which lets go of what it took) or opens the log whole,
         # for `close` to release.
-        storage = await anyio.to_thread.run_sync(_open_storage, self.path, self.read_only)
+        storage = await anyio.to_thread.run_sync(open_storage, self.path, self.read_only)
         self._reader = storage.reader
         self._lock_fd = storage.lock_fd
         self._read_only_because = storage.read_only_because
+        if storage.damage:
+            _logger.error("sqlite log: damaged file", path=str(self.path), damage=storage.damage)
         if storage.writer is not None:
             try:
-                checkpointer = Checkpointer(partial(_connection, self.path), self.path)
+                checkpointer = Checkpointer(partial(configured_connection, self.path), self.path)
                 self._writer = Writer(storage.writer, self.path, checkpointer)
                 self._writing = True
             except BaseException:
@@ -221,6 +214,10 @@ class SqliteLog(EventLog):
 
     async def _read(self, session_id: str, after: int, limit: int | None) -> list[Envelope]:
         events: list[Envelope] = []
+        recorded: list[tuple[Any, Any]] = []
+
+        def record(connection: sqlite3.Connection) -> None:
+            recorded.append(connection.execute(_RECORDED, (session_id,)).fetchone())
 
         def take(page: _Page) -> None:
             envelopes = _decoded(self.path, page)
@@ -231,7 +228,8 @@ class SqliteLog(EventLog):
 
         # One pause of the cycle collector for the whole read (see `_read_all`).
         with gc_paused():
-            await self._read_pages(_SESSION, (session_id,), after, limit, take)
+            await self._read_pages(_SESSION, (session_id,), after, limit, take, record)
+        _check_recorded(self.path, session_id, after, limit, len(events), *recorded[0])
         return events
 
     async def _last_seq(self, session_id: str) -> int:
@@ -269,14 +267,16 @@ class SqliteLog(EventLog):
         after: int,
         limit: int | None,
         take: Callable[[_Page], None],
+        before: Callable[[sqlite3.Connection], None] | None = None,
     ) -> None:
         """Hand `take` the pages of `query`'s rows after `after`, at most `limit` rows in
-        all, in order. After the first page, one call in a worker thread fetches the rest
-        one after another: while `take` has one page, it fetches the next, in SQLite
-        without the GIL, so the two overlap. An error is raised as itself: the one `take`
-        raised, else the fetch's."""
+        all, in order, having run `before` on the connection in the same worker thread
+        call as the first page's fetch. After the first page, one call in a worker thread
+        fetches the rest one after another: while `take` has one page, it fetches the
+        next, in SQLite without the GIL, so the two overlap. An error is raised as itself:
+        the one `take` raised, else the fetch's."""
         size = _page_size(limit, 0)
-        page = await self._on_reader(partial(_fetch_page, query, (*key, after, size)))
+        page = await self._on_reader(partial(_fetch_first, before, query, (*key, after, size)))
         if not _read_on(page, size, size, limit):
             take(page)
             return
@@ -319,6 +319,21 @@ class SqliteLog(EventLog):
         if errors:
             raise errors[0]
 
+    async def integrity_check(self) -> list[str]:
+        """What SQLite's integrity_check finds wrong with the file (nothing: an empty
+        list): it reads every page and checks every index against its table, which takes
+        a while on a large file (for `turnkeeper check`, not for every open)."""
+        await self._ready()
+        return await self._on_reader(integrity_check)
+
+    async def stored_chains(self) -> dict[str, StoredChain]:
+        """Every session's rows as the events table holds them, read in position order
+        from the table itself, not through the index reads use (for `turnkeeper check`,
+        which holds them against what `read` returns). A session id that is not text is
+        given as its repr."""
+        await self._ready()
+        return await self._on_reader(stored_chains)
+
     async def _on_reader(self, work: Callable[[sqlite3.Connection], _T]) -> _T:
         """Run `work` on the read connection in a worker thread, one at a time."""
 
@@ -331,145 +346,6 @@ class SqliteLog(EventLog):
         return await anyio.to_thread.run_sync(guarded, limiter=self._read_limiter)
 
 
-def _open_storage(path: Path, read_only: bool) -> _Storage:
-    """Open the file for a log: read-only if `read_only`, else as its writer if the writer
-    lock can be taken, else for reading only (after making the schema, if the file is new,
-    so that the reader finds it even if the lock's holder has not made it yet)."""
-    if read_only:
-        return _Storage(None, None, _read_only_connection(path), "it was opened read_only")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise LogError(f"{path}: cannot make its directory: {exc}") from None
-    lock_fd, because = _lock(path)
-    try:
-        writer, reader = _connect(path)
-    except BaseException:
-        if lock_fd is not None:
-            os.close(lock_fd)
-        raise
-    if lock_fd is None:
-        writer.close()
-        return _Storage(None, None, reader, because)
-    return _Storage(writer, lock_fd, reader)
-
-
-def _lock(path: Path) -> tuple[int | None, str]:
-    """Take the writer lock of the database at `path`: the lock's descriptor, or None and
-    why it was not taken (another log holds it, or it cannot be taken here).
-
-    The lock is a flock on a file of its own beside the database, not on the database:
-    a descriptor of ours on the database would, once closed, drop every fcntl lock this
-    process holds on it, SQLite's own included, and on NFS flock is emulated with fcntl
-    locks, which would collide with SQLite's.
-    """
-    # Named from the file the path leads to: a symlink to the database is the same log.
-    real = path.resolve()
-    lock_path = real.with_name(real.name + _LOCK_SUFFIX)
-    try:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    except OSError as exc:
-        return None, f"cannot open its writer lock: {exc}"
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        os.close(fd)
-        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-            return None, f"another log writes it (it holds the writer lock {lock_path})"
-        return None, f"cannot take its writer lock {lock_path}: {exc}"
-    return fd, ""
-
-
-def _read_only_connection(path: Path) -> sqlite3.Connection:
-    """A connection that only reads the database (which must exist and be turnkeeper's)."""
-    if not path.is_file():
-        raise LogError(f"{path}: no log file there")
-    # As a URI, so that SQLite opens the file read-only (mode=ro); any name can be one.
-    uri = f"{path.absolute().as_uri()}?mode=ro"
-    try:
-        connection = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
-    except sqlite3.Error as exc:
-        raise sqlite_error(path, exc) from None
-    try:
-        connection.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
-        version = _user_version(connection)
-    except BaseException as exc:
-        connection.close()
-        if isinstance(exc, sqlite3.Error):
-            raise sqlite_error(path, exc) from None
-        raise
-    # A version 1 file reads as a version 2 one does (only its writer differs).
-    if version not in (1, _SCHEMA_VERSION):
-        connection.close()
-        if version == 0:
-            raise LogError(f"{path}: not a turnkeeper event log (it has no log schema)")
-        raise LogError(f"{path}: schema version {version} is not turnkeeper's ({_SCHEMA_VERSION})")
-    return connection
-
-
-def _connect(path: Path) -> tuple[sqlite3.Connection, sqlite3.Connection]:
-    """Open the writer and reader connections, making the schema if the file is new."""
-    connections: list[sqlite3.Connection] = []
-    try:
-        for _ in range(2):
-            connections.append(_connection(path))
-        _ensure_schema(connections[0], path)
-        # Checkpoints are the checkpointer's; the writer's own is a backstop.
-        connections[0].execute(f"PRAGMA wal_autocheckpoint = {WRITER_CHECKPOINT_PAGES}")
-    except BaseException as exc:
-        for connection in connections:
-            connection.close()
-        if isinstance(exc, sqlite3.Error):
-            raise sqlite_error(path, exc) from None
-        raise
-    return connections[0], connections[1]
-
-
-def _connection(path: Path) -> sqlite3.Connection:
-    """A connection to the file, configured (see `_configure`)."""
-    connection = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    try:
-        _configure(connection, path)
-    except BaseException:
-        connection.close()
-        raise
-    return connection
-
-
-def _configure(connection: sqlite3.Connection, path: Path) -> None:
-    """WAL mode, a full fsync per commit, and waiting (not failing) on another writer's lock."""
-    connection.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
-    (mode,) = connection.execute("PRAGMA journal_mode = WAL").fetchone()
-    if str(mode).lower() != "wal":
-        raise LogError(f"{path}: cannot use WAL mode (journal mode is {mode})")
-    connection.execute("PRAGMA synchronous = FULL")
-
-
-def _ensure_schema(connection: sqlite3.Connection, path: Path) -> None:
-    """Create the tables in a new file, upgrade a version 1 file; refuse any other schema."""
-    if _user_version(connection) == _SCHEMA_VERSION:
-        return
-    with transaction(connection):
-        _create_schema(connection, path)
-
-
-def _create_schema(connection: sqlite3.Connection, path: Path) -> None:
-    """Inside a write transaction: create or upgrade the schema unless another process
-    just did."""
-    version = _user_version(connection)
-    if version == _SCHEMA_VERSION:
-        return
-    if version not in (0, 1):
-        raise LogError(f"{path}: schema version {version} is not turnkeeper's ({_SCHEMA_VERSION})")
-    for statement in _SCHEMA if version == 0 else _UPGRADE:
-        connection.execute(statement)
-
-
-def _user_version(connection: sqlite3.Connection) -> int:
-    (version,) = connection.execute("PRAGMA user_version").fetchone()
-    return int(version)
-
-
 def _page_size(limit: int | None, fetched: int) -> int:
     """Rows to fetch in the next page, `fetched` rows into a read of at most `limit`."""
     return _PAGE if limit is None else min(limit - fetched, _PAGE)
@@ -479,6 +355,18 @@ def _read_on(page: _Page, size: int, fetched: int, limit: int | None) -> bool:
     """Whether a read goes on after `page`, fetched as `size` rows: it came full, and the
     `fetched` rows so far are not yet `limit`."""
     return len(page.positions) == size and fetched != limit
+
+
+def _fetch_first(
+    before: Callable[[sqlite3.Connection], None] | None,
+    query: _Query,
+    parameters: tuple[object, ...],
+    connection: sqlite3.Connection,
+) -> _Page:
+    """In a worker thread: run `before`, then fetch the first page."""
+    if before is not None:
+        before(connection)
+    return _fetch_page(query, parameters, connection)
 
 
 def _fetch_page(
@@ -637,6 +525,35 @@ def _first_mismatch(path: Path, page: _Page, envelopes: list[Envelope]) -> LogCo
         if envelope.session_id != session_id or envelope.seq != seq:
             return _mismatch(path, session_id, seq, envelope)
     raise AssertionError("every envelope matches its row")
+
+
+def _check_recorded(
+    path: Path,
+    session_id: str,
+    after: int,
+    limit: int | None,
+    read: int,
+    last: Any,
+    listed: Any,
+) -> None:
+    """Raise LogCorrupt unless a read of `read` events after seq `after` (of at most
+    `limit`) agrees with what the file recorded of the session before it: its last row's
+    seq `last` (None: it has no rows) and whether the sessions table lists it."""
+    if last is None:
+        if listed and after == 0:
+            raise LogCorrupt(
+                f"{path}: session {session_id} is in the sessions table but has no events "
+                f"(a damaged file? see: turnkeeper check {path})"
+            )
+        return
+    if not isinstance(last, int):
+        raise LogCorrupt(f"{path}: session {session_id}: seq {last!r} is not an integer")
+    wanted = max(last - after, 0) if limit is None else min(max(last - after, 0), limit)
+    if read < wanted:
+        raise LogCorrupt(
+            f"{path}: session {session_id}: the read stops at seq {after + read}, but its "
+            f"last event is seq {last} (a damaged file? see: turnkeeper check {path})"
+        )
 
 
 def _gap(path: Path, session_id: str, seqs: list[Any], expected: int) -> SeqError:

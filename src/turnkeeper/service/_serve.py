@@ -23,8 +23,7 @@ from turnkeeper.service._app import create_app
 from turnkeeper.service._auth import resolve_token
 from turnkeeper.service._limits import DEFAULT_LIMITS, Limits
 from turnkeeper.service._logging import log as _log
-from turnkeeper.sessions import Chat, Host
-from turnkeeper.tools import Tools
+from turnkeeper.sessions import Chat, Host, Tools
 
 # Orchestrators open many connections at once; hypercorn's default backlog is 100.
 _BACKLOG = 1024

@@ -26,6 +26,7 @@ from turnkeeper.sessions._poll import (
 from turnkeeper.sessions._recheck import Divergence, recheck
 from turnkeeper.sessions._run import EventCallback, RunResult, TurnGuard, run
 from turnkeeper.state import SessionState, Status
+from turnkeeper.tools import Tools
 
 __all__ = [
     "AgentSpec",
@@ -48,6 +49,7 @@ __all__ = [
     "ToolResult",
     "ToolSpec",
     "ToolUse",
+    "Tools",
     "TurnGuard",
     "TurnResult",
     "UnknownSession",

@@ -7,9 +7,34 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Protocol
 
-from turnkeeper.core import Chat, ToolResult, ToolSpec, ToolUse
+from turnkeeper.core import AgentSpec, Chat, Message, ToolResult, ToolSpec, ToolUse, Usage
 from turnkeeper.events import Envelope, McpFailed
-from turnkeeper.state import SessionState
+
+
+class TracedSession(Protocol):
+    """What a span reads of a session: the few attributes of `SessionState` it records.
+    Structural, so tracing depends on core and events only, not on the state package."""
+
+    @property
+    def session_id(self) -> str: ...
+
+    @property
+    def spec(self) -> AgentSpec: ...
+
+    @property
+    def history(self) -> Sequence[Message]: ...
+
+    @property
+    def status(self) -> str: ...
+
+    @property
+    def episode_usage(self) -> Usage: ...
+
+    @property
+    def stop_reason(self) -> str | None: ...
+
+    @property
+    def halt_message(self) -> str | None: ...
 
 
 class AgentSpan(Protocol):
@@ -19,7 +44,7 @@ class AgentSpan(Protocol):
         """Add the guard directives, halts, duplicate calls, retries and MCP failures among
         `events` as span events."""
 
-    def finish(self, state: SessionState) -> None:
+    def finish(self, state: TracedSession) -> None:
         """Set what the request ended with: usage, stop reason, and errors."""
 
 
@@ -41,7 +66,7 @@ class Tracer(Protocol):
     """What `configure` installs: a factory of the three kinds of spans."""
 
     def agent_span(
-        self, state: SessionState, prompt: str | None, parent: object | None
+        self, state: TracedSession, prompt: str | None, parent: object | None
     ) -> AbstractContextManager[AgentSpan]: ...
 
     def chat_span(self, request: dict[str, Any]) -> AbstractContextManager[ChatSpan]: ...
@@ -59,7 +84,7 @@ class _NoSpan:
     def record(self, events: Sequence[Envelope]) -> None:
         pass
 
-    def finish(self, state: SessionState) -> None:
+    def finish(self, state: TracedSession) -> None:
         pass
 
     def response(self, response: dict[str, Any]) -> None:
@@ -92,7 +117,7 @@ def enabled() -> bool:
 
 
 def agent_span(
-    state: SessionState, *, prompt: str | None = None, parent: object | None = None
+    state: TracedSession, *, prompt: str | None = None, parent: object | None = None
 ) -> AbstractContextManager[AgentSpan]:
     """A span around one session request, from a user message (`prompt`) or a resume to
     the end of the turn. `parent` is a context from `capture_context`, for a request taken

@@ -22,7 +22,7 @@ from turnkeeper.events import (
     Halted,
     McpFailed,
 )
-from turnkeeper.state import SessionState
+from turnkeeper.tracing._hooks import TracedSession
 
 _json = msgspec.json.Encoder()
 
@@ -42,7 +42,7 @@ class OtelTracer:
 
     @contextmanager
     def agent_span(
-        self, state: SessionState, prompt: str | None, parent: object | None
+        self, state: TracedSession, prompt: str | None, parent: object | None
     ) -> Iterator[_AgentSpan]:
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": "invoke_agent",
@@ -154,7 +154,7 @@ class _AgentSpan:
             if name is not None:
                 self.span.add_event(name, attributes)
 
-    def finish(self, state: SessionState) -> None:
+    def finish(self, state: TracedSession) -> None:
         usage = state.episode_usage
         self.span.set_attribute("gen_ai.usage.input_tokens", usage.prompt_tokens)
         self.span.set_attribute("gen_ai.usage.output_tokens", usage.completion_tokens)

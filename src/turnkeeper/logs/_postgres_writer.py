@@ -1,0 +1,276 @@
+"""The PostgreSQL log's writer: a thread that commits appends in rounds, one after another."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import psycopg
+import psycopg_pool
+
+from turnkeeper.core import LogCorrupt, LogError
+from turnkeeper.logs._log import SeqConflict
+from turnkeeper.logs._shared import FenceLost
+
+_APPEND = (
+    "SELECT batch, code, actual, epoch, owner_name FROM turnkeeper_append("
+    "%s, %s::text[], %s::bigint[], %s::bigint[], %s::integer[], %s::integer[], %s::text, "
+    "%s::double precision[], %s::text[], %s::integer[], %s::bigint[], %s::text[], %s)"
+)
+_WRITTEN, _SEQ_CONFLICT, _FENCE_LOST, _NOT_CONSUMABLE = 0, 1, 2, 3
+
+
+class Write:
+    """One session's write on its way to the database: its events (their JSON lines,
+    times and types; perhaps none), the epoch the log held the session at when it was
+    asked for (0: none; the write claims the session), and the inbox items it consumes
+    with their outcomes. Once its round settles: `error`, or the epoch it was written under.
+    """
+
+    __slots__ = (
+        "ats",
+        "consumes",
+        "epoch",
+        "error",
+        "expected_seq",
+        "held",
+        "lines",
+        "owner",
+        "session_id",
+        "types",
+    )
+
+    def __init__(
+        self,
+        session_id: str,
+        expected_seq: int,
+        lines: tuple[bytes, ...],
+        ats: list[float],
+        types: list[str],
+        held: int,
+        consumes: tuple[tuple[int, str | None], ...] = (),
+    ) -> None:
+        self.session_id = session_id
+        self.expected_seq = expected_seq
+        self.lines = lines
+        self.ats = ats
+        self.types = types
+        self.held = held
+        self.consumes = consumes
+        self.error: LogError | None = None
+        self.epoch = 0
+        self.owner: str | None = None
+
+
+class _Round:
+    """Writes committed in one transaction; their tasks wait on `done`."""
+
+    __slots__ = ("done", "settled", "taken", "writes")
+
+    def __init__(self) -> None:
+        self.writes: list[Write] = []
+        # Set by the writer thread, under its lock, when it takes the round.
+        self.taken = False
+        self.settled = False
+        self.done = anyio.Event()
+
+
+class Writer:
+    """Commits writes in a thread of its own, on connections from `pool`.
+
+    Writes gather in a round while the round before commits; as soon as it has, the
+    thread takes the gathered round, with no trip through the event loop in between. A
+    round is one call of the schema's `turnkeeper_append`, in its own transaction: one
+    trip to the server, one WAL flush for every write in it. Each write is fenced and
+    checked against its session's row in that transaction, so a conflict fails only that
+    write. Once committed, the thread hands the round to the event loop (`settle`, which
+    runs there before the round's tasks wake).
+    """
+
+    def __init__(
+        self,
+        pool: psycopg_pool.ConnectionPool[Any],
+        where: str,
+        worker: int,
+        channel: str,
+        settle: Callable[[list[Write]], None],
+    ) -> None:
+        self.where = where
+        self.commits = 0
+        self._pool = pool
+        self._worker = worker
+        self._channel = channel
+        self._settle_writes = settle
+        self._token = anyio.lowlevel.current_token()
+        self._lock = threading.Lock()
+        self._work = threading.Condition(self._lock)
+        self._gathering: _Round | None = None
+        self._closing = False
+        # The event loop's own: rounds not settled yet, oldest first.
+        self._unsettled: dict[_Round, None] = {}
+        self._thread = threading.Thread(
+            target=self._commit_rounds, name=f"turnkeeper PostgreSQL writer {where}", daemon=True
+        )
+        self._thread.start()
+
+    async def write(self, write: Write) -> None:
+        """Commit `write` in the next round; raises its LogError (SeqConflict, FenceLost...).
+
+        Cancelled before its round is taken, the write is not made; after, it is, and the
+        cancellation waits for the commit: once it is raised, `last_seq` tells.
+        """
+        with self._lock:
+            round_ = self._gathering
+            if round_ is None:
+                round_ = self._gathering = _Round()
+                self._unsettled[round_] = None
+                self._work.notify()
+            round_.writes.append(write)
+        try:
+            await round_.done.wait()
+        except BaseException:
+            with self._lock:
+                taken = round_.taken
+                if not taken:
+                    round_.writes.remove(write)
+            if taken:
+                with anyio.CancelScope(shield=True):
+                    await round_.done.wait()
+            raise
+        if write.error is not None:
+            raise write.error
+
+    async def close(self) -> None:
+        """Wait for every write in flight, then stop the thread."""
+        while self._unsettled:
+            await next(iter(self._unsettled)).done.wait()
+        with self._work:
+            self._closing = True
+            self._work.notify()
+        await anyio.to_thread.run_sync(self._thread.join)
+
+    def _settle(self, round_: _Round) -> None:
+        """On the event loop: the round's outcomes are in; wake its tasks."""
+        round_.settled = True
+        del self._unsettled[round_]
+        self._settle_writes(round_.writes)
+        round_.done.set()
+
+    def _commit_rounds(self) -> None:
+        """In the writer thread: commit whatever has queued, round after round, until closed."""
+        while True:
+            with self._work:
+                while self._gathering is None and not self._closing:
+                    self._work.wait()
+                round_ = self._gathering
+                if round_ is None:
+                    return
+                self._gathering = None
+                round_.taken = True
+            if round_.writes:
+                try:
+                    self._commit(round_.writes)
+                except Exception as exc:
+                    # A bug, not a database error: each write hears of it, and the thread goes on.
+                    for write in round_.writes:
+                        write.error = LogError(f"{self.where}: the writer failed: {exc!r}")
+            token = self._token
+            token.backend_class.run_sync_soon(self._settle, (round_,), token.native_token)
+
+    def _commit(self, writes: list[Write]) -> None:
+        """Write the round in one transaction, setting each write's outcome."""
+        groups = _groups(writes)
+        bodies: list[bytes] = []
+        ats: list[float] = []
+        types: list[str] = []
+        c_batch: list[int] = []
+        c_item: list[int] = []
+        c_outcome: list[str | None] = []
+        for index, write in enumerate(writes, start=1):
+            bodies.extend(write.lines)
+            ats.extend(write.ats)
+            types.extend(write.types)
+            for item, outcome in write.consumes:
+                c_batch.append(index)
+                c_item.append(item)
+                c_outcome.append(outcome)
+        parameters = (
+            self._worker,
+            [write.session_id for write in writes],
+            [write.expected_seq for write in writes],
+            [write.held for write in writes],
+            [len(write.lines) for write in writes],
+            groups,
+            b"\n".join(bodies).decode(),
+            ats,
+            types,
+            c_batch,
+            c_item,
+            c_outcome,
+            self._channel,
+        )
+        try:
+            with self._pool.connection() as connection:
+                rows = connection.execute(_APPEND, parameters).fetchall()
+        except psycopg.errors.UniqueViolation as exc:
+            failure: LogError = LogCorrupt(
+                f"{self.where}: the events table holds seqs past a session's last seq "
+                f"(changed by hand?); nothing of this commit was written: {exc}"
+            )
+            rows = []
+        except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
+            failure = database_error(self.where, exc, writing=True)
+            rows = []
+        else:
+            failure = LogError(f"{self.where}: the append function returned no outcome")
+        for write in writes:
+            write.error = failure
+        written = False
+        for batch, code, actual, epoch, owner in rows:
+            write = writes[batch - 1]
+            write.error = None
+            write.epoch = epoch
+            write.owner = owner
+            if code == _WRITTEN:
+                written = True
+            elif code == _SEQ_CONFLICT:
+                write.error = SeqConflict(write.session_id, write.expected_seq, actual)
+            elif code == _FENCE_LOST:
+                write.error = FenceLost(
+                    write.session_id, held=write.held or None, owner=owner, epoch=epoch
+                )
+            else:
+                items = ", ".join(str(item) for item, _ in write.consumes)
+                write.error = LogError(
+                    f"session {write.session_id}: inbox items {items}: one is consumed "
+                    "already or is not this session's; nothing was written"
+                )
+        if written:
+            self.commits += 1
+
+
+def _groups(writes: list[Write]) -> list[int]:
+    """The group of each write (1, 2, ...), in order: a new group whenever a session
+    comes again, since each write is checked against its session's row as it was before
+    its group's statement."""
+    groups: list[int] = []
+    group = 1
+    sessions: set[str] = set()
+    for write in writes:
+        if write.session_id in sessions:
+            group += 1
+            sessions = set()
+        sessions.add(write.session_id)
+        groups.append(group)
+    return groups
+
+
+def database_error(where: str, exc: Exception, *, writing: bool = False) -> LogError:
+    """A turnkeeper error for a failure of the database or of the connection to it."""
+    text = str(exc).strip() or type(exc).__name__
+    if writing and isinstance(exc, psycopg.OperationalError | psycopg_pool.PoolTimeout):
+        # The commit may have been sent before the connection failed.
+        text += " (the write may or may not have been logged: last_seq tells)"
+    return LogError(f"{where}: {text}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import socket
@@ -245,7 +246,7 @@ class PostgresLog(SharedLog):
         self._listener = Listener(self.url, self._where, self._channel, self.requery, self._waiters)
         if not self.read_only:
             self._writer = Writer(
-                self._pool, self._where, self._worker, self._channel, self._settle
+                self._connect_writer, self._where, self._worker, self._channel, self._settle
             )
             self._heartbeat = threading.Thread(
                 target=self._beat, name=f"turnkeeper heartbeat {self._where}", daemon=True
@@ -253,8 +254,22 @@ class PostgresLog(SharedLog):
             self._heartbeat.start()
 
     def _connect(self) -> None:
-        """In a thread: open the pool, make or check the schema, and register the worker."""
-        pool: psycopg_pool.ConnectionPool[Connection] = psycopg_pool.ConnectionPool(
+        """In a thread: make or check the schema and register the worker, on a connection
+        of its own (so that a server out of reach fails the open at once), then open the
+        pool."""
+        try:
+            with psycopg.connect(self.url, autocommit=True) as connection:
+                ensure_schema(connection, self._where)
+                self._channel = channel_of(connection)
+                if not self.read_only:
+                    sent = time.monotonic()
+                    row = connection.execute(_REGISTER, (self._worker_id, self._lease)).fetchone()
+                    assert row is not None
+                    self._worker = row[0]
+                    self._lease_until = sent + self._lease
+        except psycopg.Error as exc:
+            raise database_error(self._where, exc) from None
+        self._pool = psycopg_pool.ConnectionPool(
             self.url,
             min_size=1,
             max_size=self.max_connections,
@@ -264,23 +279,17 @@ class PostgresLog(SharedLog):
             timeout=10.0,
             name=self._where,
         )
+        self._pool.open(wait=False)
+
+    def _connect_writer(self) -> Connection:
+        """A connection for the writer, configured as the pool's are."""
+        connection = psycopg.connect(self.url, autocommit=True)
         try:
-            pool.open(wait=True, timeout=10.0)
-            with pool.connection() as connection:
-                ensure_schema(connection, self._where)
-                self._channel = channel_of(connection)
-                if not self.read_only:
-                    sent = time.monotonic()
-                    row = connection.execute(_REGISTER, (self._worker_id, self._lease)).fetchone()
-                    assert row is not None
-                    self._worker = row[0]
-                    self._lease_until = sent + self._lease
-        except BaseException as exc:
-            pool.close()
-            if isinstance(exc, psycopg.Error):
-                raise database_error(self._where, exc) from None
+            _configure(connection)
+        except BaseException:
+            connection.close()
             raise
-        self._pool = pool
+        return connection
 
     async def _close(self) -> None:
         try:
@@ -290,10 +299,17 @@ class PostgresLog(SharedLog):
                 if self._heartbeat is not None:
                     await anyio.to_thread.run_sync(self._heartbeat.join)
                 self._held.clear()
-                await self._on_connection(self._leave)
+                await self._on_connection(self._leave, again=True)
         finally:
+            self._listener.stop()
+            # Wakes the listening thread at once, to see that it is closing.
+            with contextlib.suppress(LogError):
+                await self._on_connection(self._wake_listener, again=True)
             await self._listener.close()
             await anyio.to_thread.run_sync(self._pool.close)
+
+    def _wake_listener(self, connection: Connection) -> None:
+        connection.execute("SELECT pg_notify(%s, '{}')", (self._channel,))
 
     def _leave(self, connection: Connection) -> None:
         """Release every session this worker owns (each stays active, for another worker to
@@ -372,7 +388,7 @@ class PostgresLog(SharedLog):
                 work = partial(
                     self._session_page, session_id=session_id, after=after + len(events), size=size
                 )
-                page = await self._on_connection(work)
+                page = await self._on_connection(work, again=True)
                 events.extend(page)
                 if len(page) < size:
                     break
@@ -410,7 +426,9 @@ class PostgresLog(SharedLog):
             while limit is None or len(found) < limit:
                 size = _PAGE if limit is None else min(_PAGE, limit - len(found))
                 start = found[-1][0] if found else after
-                page = await self._on_connection(partial(self._all_page, after=start, size=size))
+                page = await self._on_connection(
+                    partial(self._all_page, after=start, size=size), again=True
+                )
                 found.extend(page)
                 if len(page) < size:
                     break
@@ -463,23 +481,35 @@ class PostgresLog(SharedLog):
             row = connection.execute(_LAST_SEQ, (session_id,)).fetchone()
             return 0 if row is None else int(row[0])
 
-        return await self._on_connection(last_seq)
+        return await self._on_connection(last_seq, again=True)
 
     async def _sessions(self) -> list[str]:
         def sessions(connection: Connection) -> list[str]:
             return [row[0] for row in connection.execute(_SESSIONS)]
 
-        return await self._on_connection(sessions)
+        return await self._on_connection(sessions, again=True)
 
-    async def _on_connection(self, work: Callable[[Connection], _T]) -> _T:
-        """Run `work` on a pooled connection in a worker thread."""
+    async def _on_connection(self, work: Callable[[Connection], _T], *, again: bool = False) -> _T:
+        """Run `work` on a pooled connection in a worker thread; `again` (for work that
+        changes nothing) on another connection while the server has dropped the one it ran
+        on, as it has every idle connection after a restart."""
 
         def guarded() -> _T:
-            try:
-                with self._pool.connection() as connection:
-                    return work(connection)
-            except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
-                raise database_error(self._where, exc) from None
+            for attempt in range(self.max_connections + 1):
+                try:
+                    with self._pool.connection() as connection:
+                        try:
+                            return work(connection)
+                        except psycopg.OperationalError:
+                            if (
+                                not again
+                                or not connection.broken
+                                or attempt == self.max_connections
+                            ):
+                                raise
+                except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
+                    raise database_error(self._where, exc) from None
+            raise AssertionError("the last attempt returns or raises")
 
         return await anyio.to_thread.run_sync(guarded)
 
@@ -512,7 +542,7 @@ class PostgresLog(SharedLog):
                 return ()
             return found
 
-        found = await self._on_connection(claim)
+        found = await self._on_connection(claim, again=True)
         if found is None:
             return None
         if not found:
@@ -547,7 +577,7 @@ class PostgresLog(SharedLog):
                 rows = connection.execute(_RELEASE, (bool(active), self._worker, chosen))
             return [row[0] for row in rows]
 
-        released = await self._on_connection(release)
+        released = await self._on_connection(release, again=True)
         for session_id in self._held.copy() if chosen is None else chosen:
             self._held.pop(session_id, None)
         return released
@@ -614,7 +644,7 @@ class PostgresLog(SharedLog):
                 return connection.execute(_INBOX_HELD, (self._worker,)).fetchall()
             return connection.execute(_INBOX_OF, (session_id,)).fetchall()
 
-        rows = await self._on_connection(inbox)
+        rows = await self._on_connection(inbox, again=True)
         return [_item(self._where, *row) for row in rows]
 
     async def consume(
@@ -654,7 +684,7 @@ class PostgresLog(SharedLog):
             def look(connection: Connection) -> tuple[Any, ...] | None:
                 return connection.execute(_OUTCOME, (item_id,)).fetchone()
 
-            row = await self._on_connection(look)
+            row = await self._on_connection(look, again=True)
             if row is None:
                 raise LogError(f"{self._where}: no inbox item {item_id}")
             done, epoch, outcome = row

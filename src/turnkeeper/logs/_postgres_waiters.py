@@ -15,7 +15,7 @@ from psycopg import sql
 # A topic: ("s", session id) for a session's events, ("c", item id) for an inbox item's
 # outcome, ("i", None) for items for this worker's sessions.
 Topic = tuple[str, Hashable]
-_notice = msgspec.json.Decoder(dict[str, list[Any]])
+_notice = msgspec.json.Decoder(dict[str, list[Any] | None])
 _LAST_SEQS = "SELECT session_id, last_seq FROM turnkeeper_sessions WHERE session_id = ANY(%s)"
 # How long the listening thread waits for a notification before it looks at whether it
 # is closing (and whether a re-check is due).
@@ -105,8 +105,13 @@ class Listener:
         )
         self._thread.start()
 
+    def stop(self) -> None:
+        """Tell the thread to stop (it sees it within a slice of its wait, or at the next
+        notification)."""
+        self._stop.set()
+
     async def close(self) -> None:
-        """Stop listening (within a slice of the thread's wait)."""
+        """Stop listening, and wait for the thread to end."""
         self._stop.set()
         await anyio.to_thread.run_sync(self._thread.join)
 

@@ -8,7 +8,6 @@ from typing import Any
 
 import anyio
 import psycopg
-import psycopg_pool
 
 from turnkeeper.core import LogCorrupt, LogError
 from turnkeeper.logs._log import SeqConflict
@@ -78,7 +77,8 @@ class _Round:
 
 
 class Writer:
-    """Commits writes in a thread of its own, on connections from `pool`.
+    """Commits writes in a thread of its own, on a connection of its own (made by
+    `connect`, and made again once the server has dropped it).
 
     Writes gather in a round while the round before commits; as soon as it has, the
     thread takes the gathered round, with no trip through the event loop in between. A
@@ -91,7 +91,7 @@ class Writer:
 
     def __init__(
         self,
-        pool: psycopg_pool.ConnectionPool[Any],
+        connect: Callable[[], psycopg.Connection[Any]],
         where: str,
         worker: int,
         channel: str,
@@ -99,7 +99,8 @@ class Writer:
     ) -> None:
         self.where = where
         self.commits = 0
-        self._pool = pool
+        self._connect = connect
+        self._connection: psycopg.Connection[Any] | None = None
         self._worker = worker
         self._channel = channel
         self._settle_writes = settle
@@ -143,7 +144,8 @@ class Writer:
             raise write.error
 
     async def close(self) -> None:
-        """Wait for every write in flight, then stop the thread."""
+        """Wait for every write in flight, then stop the thread (which closes the
+        connection)."""
         while self._unsettled:
             await next(iter(self._unsettled)).done.wait()
         with self._work:
@@ -160,6 +162,13 @@ class Writer:
 
     def _commit_rounds(self) -> None:
         """In the writer thread: commit whatever has queued, round after round, until closed."""
+        try:
+            self._take_rounds()
+        finally:
+            if self._connection is not None:
+                self._connection.close()
+
+    def _take_rounds(self) -> None:
         while True:
             with self._work:
                 while self._gathering is None and not self._closing:
@@ -212,15 +221,26 @@ class Writer:
             self._channel,
         )
         try:
-            with self._pool.connection() as connection:
-                rows = connection.execute(_APPEND, parameters).fetchall()
+            connection = self._connection
+            if connection is None or connection.broken:
+                if connection is not None:
+                    connection.close()
+                self._connection = None
+                try:
+                    connection = self._connection = self._connect()
+                except psycopg.Error as exc:
+                    raise _Unconnected(exc) from None
+            rows = connection.execute(_APPEND, parameters).fetchall()
+        except _Unconnected as exc:
+            failure: LogError = database_error(self.where, exc.error)
+            rows = []
         except psycopg.errors.UniqueViolation as exc:
-            failure: LogError = LogCorrupt(
+            failure = LogCorrupt(
                 f"{self.where}: the events table holds seqs past a session's last seq "
                 f"(changed by hand?); nothing of this commit was written: {exc}"
             )
             rows = []
-        except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
+        except psycopg.Error as exc:
             failure = database_error(self.where, exc, writing=True)
             rows = []
         else:
@@ -267,10 +287,17 @@ def _groups(writes: list[Write]) -> list[int]:
     return groups
 
 
+class _Unconnected(Exception):
+    """No connection could be made for a round (so nothing of it was sent)."""
+
+    def __init__(self, error: psycopg.Error) -> None:
+        self.error = error
+
+
 def database_error(where: str, exc: Exception, *, writing: bool = False) -> LogError:
     """A turnkeeper error for a failure of the database or of the connection to it."""
     text = str(exc).strip() or type(exc).__name__
-    if writing and isinstance(exc, psycopg.OperationalError | psycopg_pool.PoolTimeout):
+    if writing and isinstance(exc, psycopg.OperationalError):
         # The commit may have been sent before the connection failed.
         text += " (the write may or may not have been logged: last_seq tells)"
     return LogError(f"{where}: {text}")

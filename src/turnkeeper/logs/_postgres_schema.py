@@ -75,30 +75,36 @@ CREATE INDEX turnkeeper_inbox_waiting ON turnkeeper_inbox (session_id, id)
 
 # A commit round in one call: its own transaction, one trip to the server. The batches
 # come as arrays (b_*), grouped so that no session is twice in a group; their events'
-# bodies joined by newlines (which compact JSON never holds), their times and types as
-# arrays; the inbox items each batch consumes (c_*). Each batch is judged against its
-# session's row, locked: fenced (held > 0: the session's owner must be `me` at that
-# epoch; held = 0: it must have no live owner, and the batch claims it, bumping the
-# epoch), its expected seq the session's last, its items not consumed. A batch judged
-# well is written; the others are not, and the result says why: code 0 written, 1 seq
-# conflict, 2 fence lost, 3 an item consumed already or not the session's.
+# bodies joined by newlines (which compact JSON never holds), and each event's time,
+# type, batch and seq as arrays (e_*); the inbox items each batch consumes (c_*). Each
+# batch is judged against its session's row, locked: fenced (held > 0: the session's
+# owner must be `me` at that epoch; held = 0: it must have no live owner, and the batch
+# claims it, bumping the epoch), its expected seq the session's last, its items not
+# consumed. A batch judged well is written; the others are not, and the result says why:
+# code 0 written, 1 seq conflict, 2 fence lost, 3 an item consumed already or not the
+# session's. (Arrays are joined by subscript, not by SQL joins: the planner cannot know
+# their lengths, and its nested loops over them grew with the square of a round.)
 _APPEND = """
 CREATE FUNCTION turnkeeper_append(
     me bigint,
     b_session text[], b_expected bigint[], b_held bigint[], b_rows integer[],
     b_group integer[], bodies text, e_at double precision[], e_type text[],
+    e_batch integer[], e_seq bigint[],
     c_batch integer[], c_item bigint[], c_outcome text[], channel text
 ) RETURNS TABLE (batch integer, code integer, actual bigint, epoch bigint, owner_name text)
 LANGUAGE plpgsql AS $$
 DECLARE
     g integer;
+    k integer;
     groups integer := coalesce((SELECT max(x) FROM unnest(b_group) AS x), 0);
+    -- Per batch: the epoch it was written under, 0 if it was not.
+    written_at bigint[] := array_fill(0::bigint, ARRAY[cardinality(b_session)]);
     j_idx integer[] := '{}';
     j_code integer[] := '{}';
     j_actual bigint[] := '{}';
     j_epoch bigint[] := '{}';
     j_owner text[] := '{}';
-    total bigint;
+    total bigint := 0;
     base bigint;
     payload text;
 BEGIN
@@ -107,49 +113,44 @@ BEGIN
             SELECT x.s FROM unnest(b_session, b_expected, b_group) AS x(s, e, gr)
             WHERE x.gr = g AND x.e = 0
             ON CONFLICT DO NOTHING;
+        PERFORM 1 FROM turnkeeper_sessions t
+            WHERE t.session_id = ANY (ARRAY(
+                SELECT x.s FROM unnest(b_session, b_group) AS x(s, gr) WHERE x.gr = g))
+            ORDER BY t.session_id
+            FOR UPDATE;
         WITH b AS (
             SELECT x.idx::integer AS idx, x.s, x.e, x.h, x.r
             FROM unnest(b_session, b_expected, b_held, b_rows, b_group)
                 WITH ORDINALITY AS x(s, e, h, r, gr, idx)
             WHERE x.gr = g
-        ), s AS (
-            SELECT t.session_id, t.last_seq, t.owner, t.epoch
-            FROM turnkeeper_sessions t
-            WHERE t.session_id IN (SELECT b.s FROM b)
-            ORDER BY t.session_id
-            FOR UPDATE
-        ), c AS (
-            SELECT x.batch AS idx, count(*) AS bad
-            FROM unnest(c_batch, c_item) AS x(batch, item)
-            JOIN b ON b.idx = x.batch
-            LEFT JOIN turnkeeper_inbox i
-                ON i.id = x.item AND i.session_id = b.s AND i.consumed IS NULL
-            WHERE i.id IS NULL
-            GROUP BY x.batch
         ), j AS (
             SELECT b.idx, b.s, b.r,
                 CASE
-                    WHEN s.session_id IS NULL THEN CASE WHEN b.h > 0 THEN 2 ELSE 1 END
-                    WHEN b.h > 0 AND (s.owner IS DISTINCT FROM me OR s.epoch <> b.h) THEN 2
-                    WHEN b.h = 0 AND s.owner IS DISTINCT FROM me AND EXISTS (
-                        SELECT 1 FROM turnkeeper_workers w
-                        WHERE w.id = s.owner AND w.expires >= now()
-                    ) THEN 2
-                    WHEN s.last_seq <> b.e THEN 1
-                    WHEN c.bad IS NOT NULL THEN 3
+                    WHEN t.session_id IS NULL THEN CASE WHEN b.h > 0 THEN 2 ELSE 1 END
+                    WHEN b.h > 0 AND (t.owner IS DISTINCT FROM me OR t.epoch <> b.h) THEN 2
+                    WHEN b.h = 0 AND t.owner IS DISTINCT FROM me AND w.expires >= now() THEN 2
+                    WHEN t.last_seq <> b.e THEN 1
+                    WHEN EXISTS (
+                        SELECT 1 FROM unnest(c_batch, c_item) AS x(batch, item)
+                        WHERE x.batch = b.idx AND NOT EXISTS (
+                            SELECT 1 FROM turnkeeper_inbox i
+                            WHERE i.id = x.item AND i.session_id = b.s AND i.consumed IS NULL)
+                    ) THEN 3
                     ELSE 0
                 END AS code,
-                coalesce(s.last_seq, 0) AS actual,
-                CASE WHEN s.owner IS NOT DISTINCT FROM me THEN s.epoch
-                    ELSE s.epoch + 1 END AS new_epoch,
-                s.epoch AS old_epoch,
-                (SELECT w.name FROM turnkeeper_workers w WHERE w.id = s.owner) AS owner_name
-            FROM b LEFT JOIN s ON s.session_id = b.s LEFT JOIN c ON c.idx = b.idx
+                coalesce(t.last_seq, 0) AS actual,
+                CASE WHEN t.owner IS NOT DISTINCT FROM me THEN t.epoch
+                    ELSE t.epoch + 1 END AS new_epoch,
+                t.epoch AS old_epoch,
+                w.name AS owner_name
+            FROM b
+            LEFT JOIN turnkeeper_sessions t ON t.session_id = b.s
+            LEFT JOIN turnkeeper_workers w ON w.id = t.owner
         ), written AS (
             UPDATE turnkeeper_sessions t
             SET last_seq = t.last_seq + j.r, owner = me, epoch = j.new_epoch,
-                inbox_pending = t.inbox_pending - coalesce(
-                    (SELECT count(*) FROM unnest(c_batch) AS x(batch) WHERE x.batch = j.idx), 0)
+                inbox_pending = t.inbox_pending - (
+                    SELECT count(*) FROM unnest(c_batch) AS x(batch) WHERE x.batch = j.idx)
             FROM j WHERE j.code = 0 AND t.session_id = j.s
         ), consumed AS (
             UPDATE turnkeeper_inbox i
@@ -166,43 +167,35 @@ BEGIN
         FROM j;
     END LOOP;
 
-    SELECT coalesce(sum(b_rows[x.i]), 0) INTO total
-    FROM unnest(j_idx, j_code) AS x(i, code) WHERE x.code = 0;
+    FOR k IN 1..coalesce(cardinality(j_idx), 0) LOOP
+        IF j_code[k] = 0 THEN
+            written_at[j_idx[k]] := j_epoch[k];
+            total := total + b_rows[j_idx[k]];
+        END IF;
+    END LOOP;
     IF total > 0 THEN
         UPDATE turnkeeper_head SET pos = pos + total RETURNING pos - total INTO base;
-        WITH r AS (
-            SELECT x.body, x.place, e_at[x.place] AS t_at, e_type[x.place] AS t_type
-            FROM unnest(string_to_array(bodies, E'\\n')) WITH ORDINALITY AS x(body, place)
-        ), spans AS (
-            SELECT x.i AS idx, b_session[x.i] AS s, b_expected[x.i] AS expected,
-                sum(b_rows[x.i]) OVER (ORDER BY x.i) - b_rows[x.i] AS lo,
-                b_rows[x.i] AS n
-            FROM generate_subscripts(b_session, 1) AS x(i)
-        ), kept AS (
-            SELECT spans.*, x.epoch
-            FROM spans JOIN unnest(j_idx, j_code, j_epoch) AS x(i, code, epoch)
-                ON x.i = spans.idx
-            WHERE x.code = 0
-        ), inserted AS (
+        WITH inserted AS (
             INSERT INTO turnkeeper_events (pos, session_id, seq, epoch, at, type, body)
-            SELECT base + row_number() OVER (ORDER BY r.place), kept.s,
-                kept.expected + r.place - kept.lo, kept.epoch, r.t_at, r.t_type, r.body
-            FROM kept JOIN r ON r.place > kept.lo AND r.place <= kept.lo + kept.n
-            ORDER BY r.place
+            SELECT base + row_number() OVER (ORDER BY x.place), b_session[x.batch], x.seq,
+                written_at[x.batch], x.t_at, x.t_type, x.body
+            FROM unnest(string_to_array(bodies, E'\\n'), e_at, e_type, e_batch, e_seq)
+                WITH ORDINALITY AS x(body, t_at, t_type, batch, seq, place)
+            WHERE written_at[x.batch] <> 0
+            ORDER BY x.place
             RETURNING session_id, seq, pos
         )
         UPDATE turnkeeper_sessions t SET first_pos = inserted.pos
         FROM inserted WHERE inserted.seq = 1 AND t.session_id = inserted.session_id;
     END IF;
 
-    IF EXISTS (SELECT 1 FROM unnest(j_code) AS x(code) WHERE x.code = 0) THEN
+    IF 0 = ANY (j_code) THEN
         SELECT json_build_object(
             's', (SELECT json_agg(DISTINCT b_session[x.i])
                   FROM unnest(j_idx, j_code) AS x(i, code)
                   WHERE x.code = 0 AND b_rows[x.i] > 0),
             'c', (SELECT json_agg(x.item) FROM unnest(c_batch, c_item) AS x(batch, item)
-                  JOIN unnest(j_idx, j_code) AS y(i, code) ON y.i = x.batch
-                  WHERE y.code = 0))::text
+                  WHERE written_at[x.batch] <> 0))::text
         INTO payload;
         PERFORM pg_notify(channel, CASE WHEN octet_length(payload) > 7000 THEN '*'
             ELSE payload END);

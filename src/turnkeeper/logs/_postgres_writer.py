@@ -16,7 +16,8 @@ from turnkeeper.logs._shared import FenceLost
 _APPEND = (
     "SELECT batch, code, actual, epoch, owner_name FROM turnkeeper_append("
     "%s, %s::text[], %s::bigint[], %s::bigint[], %s::integer[], %s::integer[], %s::text, "
-    "%s::double precision[], %s::text[], %s::integer[], %s::bigint[], %s::text[], %s)"
+    "%s::double precision[], %s::text[], %s::integer[], %s::bigint[], "
+    "%s::integer[], %s::bigint[], %s::text[], %s)"
 )
 _WRITTEN, _SEQ_CONFLICT, _FENCE_LOST, _NOT_CONSUMABLE = 0, 1, 2, 3
 
@@ -194,6 +195,8 @@ class Writer:
         bodies: list[bytes] = []
         ats: list[float] = []
         types: list[str] = []
+        batches: list[int] = []
+        seqs: list[int] = []
         c_batch: list[int] = []
         c_item: list[int] = []
         c_outcome: list[str | None] = []
@@ -201,6 +204,8 @@ class Writer:
             bodies.extend(write.lines)
             ats.extend(write.ats)
             types.extend(write.types)
+            batches += [index] * len(write.lines)
+            seqs.extend(range(write.expected_seq + 1, write.expected_seq + len(write.lines) + 1))
             for item, outcome in write.consumes:
                 c_batch.append(index)
                 c_item.append(item)
@@ -215,6 +220,8 @@ class Writer:
             b"\n".join(bodies).decode(),
             ats,
             types,
+            batches,
+            seqs,
             c_batch,
             c_item,
             c_outcome,

@@ -76,36 +76,43 @@ CREATE INDEX turnkeeper_inbox_waiting ON turnkeeper_inbox (session_id, id)
 # A commit round in one call: its own transaction, one trip to the server. The batches
 # come as arrays (b_*), grouped so that no session is twice in a group; their events'
 # bodies joined by newlines (which compact JSON never holds), and each event's time,
-# type, batch and seq as arrays (e_*); the inbox items each batch consumes (c_*). Each
-# batch is judged against its session's row, locked: fenced (held > 0: the session's
-# owner must be `me` at that epoch; held = 0: it must have no live owner, and the batch
-# claims it, bumping the epoch), its expected seq the session's last, its items not
-# consumed. A batch judged well is written; the others are not, and the result says why:
-# code 0 written, 1 seq conflict, 2 fence lost, 3 an item consumed already or not the
-# session's. (Arrays are joined by subscript, not by SQL joins: the planner cannot know
-# their lengths, and its nested loops over them grew with the square of a round.)
+# type, batch and seq as arrays (e_*); the inbox items each batch consumes (c_*, and
+# their count per batch in b_consumes).
+#
+# Each group is one UPDATE of its sessions' rows, which writes a batch's session only if
+# the batch holds: fenced (held > 0: the session's owner is `me` at that epoch; held = 0:
+# it has no live owner, and the batch claims it, bumping the epoch), its expected seq the
+# session's last, its items not consumed. The row's lock, taken by the UPDATE, is held to
+# the commit, and a row another transaction changed meanwhile is judged again as it is
+# then. The batches written get their rows; the others are judged once more, for the
+# result to say why not: code 0 written, 1 seq conflict, 2 fence lost, 3 an item consumed
+# already or not the session's. (Arrays are joined by subscript, not by SQL joins: the
+# planner cannot know their lengths, and its nested loops over them grew with the square
+# of a round.)
 _APPEND = """
 CREATE FUNCTION turnkeeper_append(
     me bigint,
     b_session text[], b_expected bigint[], b_held bigint[], b_rows integer[],
-    b_group integer[], bodies text, e_at double precision[], e_type text[],
-    e_batch integer[], e_seq bigint[],
+    b_group integer[], b_consumes integer[], bodies text, e_at double precision[],
+    e_type text[], e_batch integer[], e_seq bigint[],
     c_batch integer[], c_item bigint[], c_outcome text[], channel text
 ) RETURNS TABLE (batch integer, code integer, actual bigint, epoch bigint, owner_name text)
 LANGUAGE plpgsql AS $$
 DECLARE
+    n integer := cardinality(b_session);
     g integer;
     k integer;
     groups integer := coalesce((SELECT max(x) FROM unnest(b_group) AS x), 0);
     -- Per batch: the epoch it was written under, 0 if it was not.
-    written_at bigint[] := array_fill(0::bigint, ARRAY[cardinality(b_session)]);
-    j_idx integer[] := '{}';
-    j_code integer[] := '{}';
-    j_actual bigint[] := '{}';
-    j_epoch bigint[] := '{}';
-    j_owner text[] := '{}';
+    written_at bigint[] := array_fill(0::bigint, ARRAY[n]);
+    ok_idx integer[];
+    ok_epoch bigint[];
+    missed integer := n;
     total bigint := 0;
     base bigint;
+    offsets bigint := 0;
+    new_session text[] := '{}';
+    new_pos bigint[] := '{}';
     payload text;
 BEGIN
     FOR g IN 1..groups LOOP
@@ -113,87 +120,77 @@ BEGIN
             SELECT x.s FROM unnest(b_session, b_expected, b_group) AS x(s, e, gr)
             WHERE x.gr = g AND x.e = 0
             ON CONFLICT DO NOTHING;
-        PERFORM 1 FROM turnkeeper_sessions t
-            WHERE t.session_id = ANY (ARRAY(
-                SELECT x.s FROM unnest(b_session, b_group) AS x(s, gr) WHERE x.gr = g))
-            ORDER BY t.session_id
-            FOR UPDATE;
         WITH b AS (
-            SELECT x.idx::integer AS idx, x.s, x.e, x.h, x.r
-            FROM unnest(b_session, b_expected, b_held, b_rows, b_group)
-                WITH ORDINALITY AS x(s, e, h, r, gr, idx)
+            SELECT x.idx::integer AS idx, x.s, x.e, x.h, x.r, x.nc
+            FROM unnest(b_session, b_expected, b_held, b_rows, b_group, b_consumes)
+                WITH ORDINALITY AS x(s, e, h, r, gr, nc, idx)
             WHERE x.gr = g
-        ), j AS (
-            SELECT b.idx, b.s, b.r,
-                CASE
-                    WHEN t.session_id IS NULL THEN CASE WHEN b.h > 0 THEN 2 ELSE 1 END
-                    WHEN b.h > 0 AND (t.owner IS DISTINCT FROM me OR t.epoch <> b.h) THEN 2
-                    WHEN b.h = 0 AND t.owner IS DISTINCT FROM me AND w.expires >= now() THEN 2
-                    WHEN t.last_seq <> b.e THEN 1
-                    WHEN EXISTS (
-                        SELECT 1 FROM unnest(c_batch, c_item) AS x(batch, item)
-                        WHERE x.batch = b.idx AND NOT EXISTS (
-                            SELECT 1 FROM turnkeeper_inbox i
-                            WHERE i.id = x.item AND i.session_id = b.s AND i.consumed IS NULL)
-                    ) THEN 3
-                    ELSE 0
-                END AS code,
-                coalesce(t.last_seq, 0) AS actual,
-                CASE WHEN t.owner IS NOT DISTINCT FROM me THEN t.epoch
-                    ELSE t.epoch + 1 END AS new_epoch,
-                t.epoch AS old_epoch,
-                w.name AS owner_name
-            FROM b
-            LEFT JOIN turnkeeper_sessions t ON t.session_id = b.s
-            LEFT JOIN turnkeeper_workers w ON w.id = t.owner
-        ), written AS (
+        ), up AS (
             UPDATE turnkeeper_sessions t
-            SET last_seq = t.last_seq + j.r, owner = me, epoch = j.new_epoch,
-                inbox_pending = t.inbox_pending - (
-                    SELECT count(*) FROM unnest(c_batch) AS x(batch) WHERE x.batch = j.idx)
-            FROM j WHERE j.code = 0 AND t.session_id = j.s
-        ), consumed AS (
-            UPDATE turnkeeper_inbox i
-            SET consumed = now(), consumed_epoch = j.new_epoch, outcome = x.outcome
-            FROM unnest(c_batch, c_item, c_outcome) AS x(batch, item, outcome)
-            JOIN j ON j.idx = x.batch
-            WHERE j.code = 0 AND i.id = x.item
+            SET last_seq = t.last_seq + b.r, owner = me,
+                epoch = CASE WHEN t.owner IS NOT DISTINCT FROM me THEN t.epoch
+                    ELSE t.epoch + 1 END,
+                inbox_pending = t.inbox_pending - b.nc
+            FROM b
+            WHERE t.session_id = b.s AND t.last_seq = b.e
+                AND CASE WHEN b.h > 0 THEN t.owner IS NOT DISTINCT FROM me AND t.epoch = b.h
+                    ELSE t.owner IS NULL OR t.owner = me OR NOT EXISTS (
+                        SELECT 1 FROM turnkeeper_workers w
+                        WHERE w.id = t.owner AND w.expires >= now()) END
+                AND (b.nc = 0 OR NOT EXISTS (
+                    SELECT 1 FROM unnest(c_batch, c_item) AS x(batch, item)
+                    WHERE x.batch = b.idx AND NOT EXISTS (
+                        SELECT 1 FROM turnkeeper_inbox i
+                        WHERE i.id = x.item AND i.session_id = b.s AND i.consumed IS NULL)))
+            RETURNING b.idx, t.epoch
         )
-        SELECT j_idx || array_agg(j.idx), j_code || array_agg(j.code),
-            j_actual || array_agg(j.actual),
-            j_epoch || array_agg(CASE WHEN j.code = 0 THEN j.new_epoch ELSE j.old_epoch END),
-            j_owner || array_agg(j.owner_name)
-        INTO j_idx, j_code, j_actual, j_epoch, j_owner
-        FROM j;
+        SELECT array_agg(up.idx), array_agg(up.epoch) INTO ok_idx, ok_epoch FROM up;
+        FOR k IN 1..coalesce(cardinality(ok_idx), 0) LOOP
+            written_at[ok_idx[k]] := ok_epoch[k];
+            missed := missed - 1;
+        END LOOP;
+        IF cardinality(c_batch) > 0 THEN
+            UPDATE turnkeeper_inbox i
+            SET consumed = now(), consumed_epoch = written_at[x.batch], outcome = x.outcome
+            FROM unnest(c_batch, c_item, c_outcome) AS x(batch, item, outcome)
+            WHERE i.id = x.item AND b_group[x.batch] = g AND written_at[x.batch] <> 0;
+        END IF;
     END LOOP;
 
-    FOR k IN 1..coalesce(cardinality(j_idx), 0) LOOP
-        IF j_code[k] = 0 THEN
-            written_at[j_idx[k]] := j_epoch[k];
-            total := total + b_rows[j_idx[k]];
+    FOR k IN 1..n LOOP
+        IF written_at[k] <> 0 THEN
+            total := total + b_rows[k];
         END IF;
     END LOOP;
     IF total > 0 THEN
         UPDATE turnkeeper_head SET pos = pos + total RETURNING pos - total INTO base;
-        WITH inserted AS (
-            INSERT INTO turnkeeper_events (pos, session_id, seq, epoch, at, type, body)
-            SELECT base + row_number() OVER (ORDER BY x.place), b_session[x.batch], x.seq,
-                written_at[x.batch], x.t_at, x.t_type, x.body
-            FROM unnest(string_to_array(bodies, E'\\n'), e_at, e_type, e_batch, e_seq)
-                WITH ORDINALITY AS x(body, t_at, t_type, batch, seq, place)
-            WHERE written_at[x.batch] <> 0
-            ORDER BY x.place
-            RETURNING session_id, seq, pos
-        )
-        UPDATE turnkeeper_sessions t SET first_pos = inserted.pos
-        FROM inserted WHERE inserted.seq = 1 AND t.session_id = inserted.session_id;
+        INSERT INTO turnkeeper_events (pos, session_id, seq, epoch, at, type, body)
+        SELECT base + row_number() OVER (ORDER BY x.place), b_session[x.batch], x.seq,
+            written_at[x.batch], x.t_at, x.t_type, x.body
+        FROM unnest(string_to_array(bodies, E'\\n'), e_at, e_type, e_batch, e_seq)
+            WITH ORDINALITY AS x(body, t_at, t_type, batch, seq, place)
+        WHERE written_at[x.batch] <> 0
+        ORDER BY x.place;
+        -- A new session's first position, for `sessions` to list it in order.
+        FOR k IN 1..n LOOP
+            IF written_at[k] <> 0 THEN
+                IF b_expected[k] = 0 AND b_rows[k] > 0 THEN
+                    new_session := new_session || b_session[k];
+                    new_pos := new_pos || (base + offsets + 1);
+                END IF;
+                offsets := offsets + b_rows[k];
+            END IF;
+        END LOOP;
+        IF cardinality(new_session) > 0 THEN
+            UPDATE turnkeeper_sessions t SET first_pos = x.p
+            FROM unnest(new_session, new_pos) AS x(s, p) WHERE t.session_id = x.s;
+        END IF;
     END IF;
 
-    IF 0 = ANY (j_code) THEN
+    IF missed < n THEN
         SELECT json_build_object(
-            's', (SELECT json_agg(DISTINCT b_session[x.i])
-                  FROM unnest(j_idx, j_code) AS x(i, code)
-                  WHERE x.code = 0 AND b_rows[x.i] > 0),
+            's', (SELECT json_agg(DISTINCT b_session[x.i]) FROM generate_series(1, n) AS x(i)
+                  WHERE written_at[x.i] <> 0 AND b_rows[x.i] > 0),
             'c', (SELECT json_agg(x.item) FROM unnest(c_batch, c_item) AS x(batch, item)
                   WHERE written_at[x.batch] <> 0))::text
         INTO payload;
@@ -201,8 +198,23 @@ BEGIN
             ELSE payload END);
     END IF;
 
-    RETURN QUERY SELECT x.i, x.code, x.actual, x.epoch, x.owner
-        FROM unnest(j_idx, j_code, j_actual, j_epoch, j_owner) AS x(i, code, actual, epoch, owner);
+    RETURN QUERY SELECT x.i, 0, 0::bigint, written_at[x.i], NULL::text
+        FROM generate_series(1, n) AS x(i) WHERE written_at[x.i] <> 0;
+    IF missed > 0 THEN
+        RETURN QUERY SELECT x.idx::integer,
+                CASE
+                    WHEN t.session_id IS NULL THEN CASE WHEN x.h > 0 THEN 2 ELSE 1 END
+                    WHEN x.h > 0 AND (t.owner IS DISTINCT FROM me OR t.epoch <> x.h) THEN 2
+                    WHEN x.h = 0 AND t.owner IS DISTINCT FROM me AND w.expires >= now() THEN 2
+                    WHEN t.last_seq <> x.e THEN 1
+                    ELSE 3
+                END,
+                coalesce(t.last_seq, 0), coalesce(t.epoch, 0), w.name
+            FROM unnest(b_session, b_expected, b_held) WITH ORDINALITY AS x(s, e, h, idx)
+            LEFT JOIN turnkeeper_sessions t ON t.session_id = x.s
+            LEFT JOIN turnkeeper_workers w ON w.id = t.owner
+            WHERE written_at[x.idx] = 0;
+    END IF;
 END;
 $$;
 """

@@ -15,9 +15,9 @@ from turnkeeper.logs._shared import FenceLost
 
 _APPEND = (
     "SELECT batch, code, actual, epoch, owner_name FROM turnkeeper_append("
-    "%s, %s::text[], %s::bigint[], %s::bigint[], %s::integer[], %s::integer[], %s::text, "
-    "%s::double precision[], %s::text[], %s::integer[], %s::bigint[], "
-    "%s::integer[], %s::bigint[], %s::text[], %s)"
+    "%s, %s::text[], %s::bigint[], %s::bigint[], %s::integer[], %s::integer[], "
+    "%s::integer[], %s::text, %s::double precision[], %s::text[], %s::integer[], "
+    "%s::bigint[], %s::integer[], %s::bigint[], %s::text[], %s)"
 )
 _WRITTEN, _SEQ_CONFLICT, _FENCE_LOST, _NOT_CONSUMABLE = 0, 1, 2, 3
 
@@ -217,6 +217,7 @@ class Writer:
             [write.held for write in writes],
             [len(write.lines) for write in writes],
             groups,
+            [len(write.consumes) for write in writes],
             b"\n".join(bodies).decode(),
             ats,
             types,

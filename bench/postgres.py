@@ -35,8 +35,8 @@ from typing import Any
 
 import anyio
 import psycopg
-from log_append import measure, turn
 
+from log_append import measure, turn
 from turnkeeper.logs import EventLog, PostgresLog, SqliteLog
 
 TARGET_FLEET = 10_000
@@ -130,7 +130,7 @@ def fleet(url: str, args: argparse.Namespace, appenders: int) -> float:
     began = min(result["began"] for result in results)
     ended = max(result["ended"] for result in results)
     events = sum(result["events"] for result in results)
-    return events / (ended - began)
+    return float(events / (ended - began))
 
 
 async def worker(url: str, name: str, appenders: int, seconds: float, start: float) -> None:

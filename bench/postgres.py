@@ -37,7 +37,7 @@ import anyio
 import psycopg
 
 from log_append import measure, turn
-from turnkeeper.logs import EventLog, PostgresLog, SqliteLog
+from turnkeeper.logs import PostgresLog, SqliteLog
 
 TARGET_FLEET = 10_000
 
@@ -78,27 +78,31 @@ def appends_per_second(line: str) -> float:
 
 
 async def one_worker(url: str, directory: Path, args: argparse.Namespace) -> dict[int, Any]:
-    """Part 1: rows for both logs at each appender count; the appends/s of each."""
+    """Part 1: rows for both logs at each appender count, each on storage of its own (a
+    new SQLite file; PostgreSQL's tables emptied); the median appends/s of each."""
     counts = [int(count) for count in args.appenders.split(",")]
     header = f"{'log':<8} {'appenders':>9} {'appends/s':>10} {'events/s':>9} {'commits/s':>10} "
     header += f"{'per commit':>10} {'p50 ms':>8} {'p99 ms':>8}"
     print(header)
     figures: dict[int, Any] = {}
-    async with (
-        SqliteLog(directory / "log.db") as sqlite,
-        PostgresLog(url, worker_id="bench") as postgres,
-    ):
-        logs: dict[str, EventLog] = {"sqlite": sqlite, "postgres": postgres}
-        commits = {"sqlite": lambda: sqlite.commits, "postgres": lambda: postgres.commits}
-        for count in counts:
-            found: dict[str, list[float]] = {"sqlite": [], "postgres": []}
-            for repeat in range(args.repeats):
-                order = ["sqlite", "postgres"] if repeat % 2 == 0 else ["postgres", "sqlite"]
-                for name in order:
-                    line = await measure(logs[name], commits[name], count, args.seconds)
-                    found[name].append(appends_per_second(line))
-                    print(f"{name:<8} {line}", flush=True)
-            figures[count] = {name: statistics.median(values) for name, values in found.items()}
+    runs = 0
+    for count in counts:
+        found: dict[str, list[float]] = {"sqlite": [], "postgres": []}
+        for repeat in range(args.repeats):
+            order = ["sqlite", "postgres"] if repeat % 2 == 0 else ["postgres", "sqlite"]
+            for name in order:
+                runs += 1
+                log: SqliteLog | PostgresLog
+                if name == "sqlite":
+                    log = SqliteLog(directory / f"log-{runs}.db")
+                else:
+                    empty(url)
+                    log = PostgresLog(url, worker_id="bench")
+                async with log:
+                    line = await measure(log, lambda: log.commits, count, args.seconds)
+                found[name].append(appends_per_second(line))
+                print(f"{name:<8} {line}", flush=True)
+        figures[count] = {name: statistics.median(values) for name, values in found.items()}
     return figures
 
 
@@ -174,6 +178,7 @@ async def main(args: argparse.Namespace) -> None:
         print(f"\n{args.workers} worker processes on one database (PostgresLog each)")
         print(f"{'appenders per worker':>20} {'events/s':>9}")
         fleet_figures: dict[int, float] = {}
+        empty(url)
         for appenders in [int(count) for count in args.worker_appenders.split(",")]:
             fleet_figures[appenders] = await anyio.to_thread.run_sync(fleet, url, args, appenders)
             print(f"{appenders:>20} {fleet_figures[appenders]:>9.0f}", flush=True)

@@ -110,7 +110,9 @@ DECLARE
     missed integer := n;
     total bigint := 0;
     base bigint;
-    offsets bigint := 0;
+    shift bigint[] := array_fill(0::bigint, ARRAY[n]);
+    kept bigint := 0;
+    placed bigint := 0;
     new_session text[] := '{}';
     new_pos bigint[] := '{}';
     payload text;
@@ -164,23 +166,25 @@ BEGIN
     END LOOP;
     IF total > 0 THEN
         UPDATE turnkeeper_head SET pos = pos + total RETURNING pos - total INTO base;
-        INSERT INTO turnkeeper_events (pos, session_id, seq, epoch, at, type, body)
-        SELECT base + row_number() OVER (ORDER BY x.place), b_session[x.batch], x.seq,
-            written_at[x.batch], x.t_at, x.t_type, x.body
-        FROM unnest(string_to_array(bodies, E'\\n'), e_at, e_type, e_batch, e_seq)
-            WITH ORDINALITY AS x(body, t_at, t_type, batch, seq, place)
-        WHERE written_at[x.batch] <> 0
-        ORDER BY x.place;
-        -- A new session's first position, for `sessions` to list it in order.
+        -- Per batch: what its events' places in the round become as positions (the rows
+        -- written numbered on from base, in order), and a new session's first position.
         FOR k IN 1..n LOOP
             IF written_at[k] <> 0 THEN
+                shift[k] := base + kept - placed;
                 IF b_expected[k] = 0 AND b_rows[k] > 0 THEN
                     new_session := new_session || b_session[k];
-                    new_pos := new_pos || (base + offsets + 1);
+                    new_pos := new_pos || (base + kept + 1);
                 END IF;
-                offsets := offsets + b_rows[k];
+                kept := kept + b_rows[k];
             END IF;
+            placed := placed + b_rows[k];
         END LOOP;
+        INSERT INTO turnkeeper_events (pos, session_id, seq, epoch, at, type, body)
+        SELECT x.place + shift[x.batch], b_session[x.batch], x.seq, written_at[x.batch],
+            x.t_at, x.t_type, x.body
+        FROM unnest(string_to_array(bodies, E'\\n'), e_at, e_type, e_batch, e_seq)
+            WITH ORDINALITY AS x(body, t_at, t_type, batch, seq, place)
+        WHERE written_at[x.batch] <> 0;
         IF cardinality(new_session) > 0 THEN
             UPDATE turnkeeper_sessions t SET first_pos = x.p
             FROM unnest(new_session, new_pos) AS x(s, p) WHERE t.session_id = x.s;

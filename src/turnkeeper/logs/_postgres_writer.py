@@ -19,6 +19,10 @@ _APPEND = (
     "%s::integer[], %s::text, %s::double precision[], %s::text[], %s::integer[], "
     "%s::bigint[], %s::integer[], %s::bigint[], %s::text[], %s)"
 )
+# Rounds committed at once, each by a thread on a connection of its own: while one
+# round's commit is flushed, the next is written.
+IN_FLIGHT = 2
+_DEADLOCK_RETRIES = 3
 _WRITTEN, _SEQ_CONFLICT, _FENCE_LOST, _NOT_CONSUMABLE = 0, 1, 2, 3
 
 
@@ -78,13 +82,16 @@ class _Round:
 
 
 class Writer:
-    """Commits writes in a thread of its own, on a connection of its own (made by
-    `connect`, and made again once the server has dropped it).
+    """Commits writes in threads of its own (IN_FLIGHT of them), each on a connection of
+    its own (made by `connect`, and made again once the server has dropped it).
 
-    Writes gather in a round while the round before commits; as soon as it has, the
-    thread takes the gathered round, with no trip through the event loop in between. A
-    round is one call of the schema's `turnkeeper_append`, in its own transaction: one
-    trip to the server, one WAL flush for every write in it. Each write is fenced and
+    Writes gather in a round while the rounds before commit; as soon as a thread is free,
+    it takes the gathered round, with no trip through the event loop in between. Two
+    rounds in flight overlap one's flush with the next one's work; the positions still
+    follow commit order (see the schema's head row), and a session's writes in two rounds
+    wait for each other on its row's lock. A round is one call of the schema's
+    `turnkeeper_append`, in its own transaction: one trip to the server, one WAL flush
+    for every write in it. Each write is fenced and
     checked against its session's row in that transaction, so a conflict fails only that
     write. Once committed, the thread hands the round to the event loop (`settle`, which
     runs there before the round's tasks wake).
@@ -101,7 +108,6 @@ class Writer:
         self.where = where
         self.commits = 0
         self._connect = connect
-        self._connection: psycopg.Connection[Any] | None = None
         self._worker = worker
         self._channel = channel
         self._settle_writes = settle
@@ -112,10 +118,16 @@ class Writer:
         self._closing = False
         # The event loop's own: rounds not settled yet, oldest first.
         self._unsettled: dict[_Round, None] = {}
-        self._thread = threading.Thread(
-            target=self._commit_rounds, name=f"turnkeeper PostgreSQL writer {where}", daemon=True
-        )
-        self._thread.start()
+        self._threads = [
+            threading.Thread(
+                target=self._commit_rounds,
+                name=f"turnkeeper PostgreSQL writer {where}",
+                daemon=True,
+            )
+            for _ in range(IN_FLIGHT)
+        ]
+        for thread in self._threads:
+            thread.start()
 
     async def write(self, write: Write) -> None:
         """Commit `write` in the next round; raises its LogError (SeqConflict, FenceLost...).
@@ -151,8 +163,9 @@ class Writer:
             await next(iter(self._unsettled)).done.wait()
         with self._work:
             self._closing = True
-            self._work.notify()
-        await anyio.to_thread.run_sync(self._thread.join)
+            self._work.notify_all()
+        for thread in self._threads:
+            await anyio.to_thread.run_sync(thread.join)
 
     def _settle(self, round_: _Round) -> None:
         """On the event loop: the round's outcomes are in; wake its tasks."""
@@ -163,13 +176,14 @@ class Writer:
 
     def _commit_rounds(self) -> None:
         """In the writer thread: commit whatever has queued, round after round, until closed."""
+        connection: list[psycopg.Connection[Any]] = []
         try:
-            self._take_rounds()
+            self._take_rounds(connection)
         finally:
-            if self._connection is not None:
-                self._connection.close()
+            for made in connection:
+                made.close()
 
-    def _take_rounds(self) -> None:
+    def _take_rounds(self, connection: list[psycopg.Connection[Any]]) -> None:
         while True:
             with self._work:
                 while self._gathering is None and not self._closing:
@@ -181,7 +195,7 @@ class Writer:
                 round_.taken = True
             if round_.writes:
                 try:
-                    self._commit(round_.writes)
+                    self._commit(round_.writes, connection)
                 except Exception as exc:
                     # A bug, not a database error: each write hears of it, and the thread goes on.
                     for write in round_.writes:
@@ -189,9 +203,15 @@ class Writer:
             token = self._token
             token.backend_class.run_sync_soon(self._settle, (round_,), token.native_token)
 
-    def _commit(self, writes: list[Write]) -> None:
+    def _commit(self, round_writes: list[Write], made: list[psycopg.Connection[Any]]) -> None:
         """Write the round in one transaction, setting each write's outcome."""
-        groups = _groups(writes)
+        # In each group, by session: rounds in flight at once lock their sessions' rows in
+        # one order (a session's later writes stay in later groups).
+        grouped = sorted(
+            zip(_groups(round_writes), round_writes, strict=True), key=_group_and_session
+        )
+        groups = [group for group, _ in grouped]
+        writes = [write for _, write in grouped]
         bodies: list[bytes] = []
         ats: list[float] = []
         types: list[str] = []
@@ -229,16 +249,14 @@ class Writer:
             self._channel,
         )
         try:
-            connection = self._connection
-            if connection is None or connection.broken:
-                if connection is not None:
-                    connection.close()
-                self._connection = None
+            if made and made[0].broken:
+                made.pop().close()
+            if not made:
                 try:
-                    connection = self._connection = self._connect()
+                    made.append(self._connect())
                 except psycopg.Error as exc:
                     raise _Unconnected(exc) from None
-            rows = connection.execute(_APPEND, parameters).fetchall()
+            rows = _execute(made[0], parameters)
         except _Unconnected as exc:
             failure: LogError = database_error(self.where, exc.error)
             rows = []
@@ -277,6 +295,22 @@ class Writer:
                 )
         if written:
             self.commits += 1
+
+
+def _execute(connection: psycopg.Connection[Any], parameters: tuple[Any, ...]) -> list[Any]:
+    """Call the round's function; again if the server broke a deadlock by rolling it back
+    (nothing of it was written), as it may when two rounds lock the same sessions."""
+    for attempt in range(_DEADLOCK_RETRIES + 1):
+        try:
+            return connection.execute(_APPEND, parameters).fetchall()
+        except psycopg.errors.DeadlockDetected:
+            if attempt == _DEADLOCK_RETRIES:
+                raise
+    raise AssertionError("the last attempt returns or raises")
+
+
+def _group_and_session(grouped: tuple[int, Write]) -> tuple[int, str]:
+    return grouped[0], grouped[1].session_id
 
 
 def _groups(writes: list[Write]) -> list[int]:

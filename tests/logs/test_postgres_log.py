@@ -290,6 +290,40 @@ async def test_appends_that_arrive_together_share_rounds_and_a_notification_each
 
 
 @pytest.mark.anyio
+async def test_racing_writers_of_many_sessions_keep_each_sessions_positions_in_seq_order(
+    postgres_url: str,
+) -> None:
+    sessions = [f"s{index:02d}" for index in range(20)]
+    written: dict[str, int] = dict.fromkeys(sessions, 0)
+
+    async def writer(log: PostgresLog, session_id: str) -> None:
+        done = 0
+        while done < 5:
+            seq = await log.last_seq(session_id)
+            try:
+                await log.append([envelope(session_id, seq + 1)], expected_seq=seq)
+            except SeqConflict:
+                continue
+            done += 1
+            written[session_id] += 1
+
+    async with PostgresLog(postgres_url) as log:
+        async with anyio.create_task_group() as group:
+            for session_id in sessions:
+                for _ in range(3):
+                    group.start_soon(writer, log, session_id)
+        assert set(written.values()) == {15}
+        everything = await log.read_all()
+        for session_id in sessions:
+            assert await log.read(session_id) == run(session_id, 1, 15)
+            assert [e.seq for _, e in everything if e.session_id == session_id] == list(
+                range(1, 16)
+            )
+        positions = [position for position, _ in everything]
+        assert positions == list(range(1, 20 * 15 + 1))
+
+
+@pytest.mark.anyio
 async def test_commits_are_flushed_whatever_the_servers_default(postgres_url: str) -> None:
     schema = schema_of(postgres_url)
     options = f"-c search_path={schema} -c synchronous_commit=off"

@@ -319,13 +319,22 @@ class PostgresLog(SharedLog):
             connection.execute(_LEAVE, (self._worker,))
 
     def _beat(self) -> None:
-        """In the heartbeat thread: renew the lease until closed, sooner after a failure."""
+        """In the heartbeat thread: renew the lease until closed, sooner after a failure,
+        on a connection of its own (so that no number of reads can hold a renewal up)."""
         interval = self._lease / _RENEWALS_PER_LEASE
         wait = interval
-        while not self._stop.wait(wait):
-            sent = time.monotonic()
-            try:
-                with self._pool.connection() as connection:
+        connection: Connection | None = None
+        try:
+            while not self._stop.wait(wait):
+                sent = time.monotonic()
+                try:
+                    if connection is None or connection.broken:
+                        if connection is not None:
+                            connection.close()
+                        connection = None
+                        connection = psycopg.connect(
+                            self.url, autocommit=True, connect_timeout=max(2, int(interval))
+                        )
                     renewed = connection.execute(_RENEW, (self._lease, self._worker))
                     if renewed.rowcount == 0:
                         # Its row was taken for dead and removed: the sessions it owned are
@@ -333,11 +342,14 @@ class PostgresLog(SharedLog):
                         connection.execute(
                             _REREGISTER, (self._worker, self._worker_id, self._lease)
                         )
-            except (psycopg.Error, psycopg_pool.PoolTimeout):
-                wait = min(1.0, interval)
-                continue
-            self._lease_until = sent + self._lease
-            wait = interval
+                except psycopg.Error:
+                    wait = min(1.0, interval)
+                    continue
+                self._lease_until = sent + self._lease
+                wait = interval
+        finally:
+            if connection is not None:
+                connection.close()
 
     # -- appends --------------------------------------------------------------------------
 

@@ -294,7 +294,8 @@ class Writer:
                     "already or is not this session's; nothing was written"
                 )
         if written:
-            self.commits += 1
+            with self._lock:
+                self.commits += 1
 
 
 def _execute(connection: psycopg.Connection[Any], parameters: tuple[Any, ...]) -> list[Any]:

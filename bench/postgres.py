@@ -30,6 +30,7 @@ import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -99,7 +100,7 @@ async def one_worker(url: str, directory: Path, args: argparse.Namespace) -> dic
                     empty(url)
                     log = PostgresLog(url, worker_id="bench")
                 async with log:
-                    line = await measure(log, lambda: log.commits, count, args.seconds)
+                    line = await measure(log, partial(getattr, log, "commits"), count, args.seconds)
                 found[name].append(appends_per_second(line))
                 print(f"{name:<8} {line}", flush=True)
         figures[count] = {name: statistics.median(values) for name, values in found.items()}

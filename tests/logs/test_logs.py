@@ -1,4 +1,6 @@
-"""The conformance suite every event log passes: MemoryLog, JsonlLog and SqliteLog."""
+"""The conformance suite every event log store passes: one test per promise of EventLog,
+run on each store of tests/logs/conftest.py (MemoryLog, JsonlLog, SqliteLog, PostgresLog;
+a new store joins by adding its fixture there)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.logs.conftest import Store
 from turnkeeper.core import (
     AgentSpec,
     GuardConfig,
@@ -46,6 +49,7 @@ WRONG_TYPE: Any = 123
 WRONG_SEQ: Any = 1.0
 NO_DICT: Any = ["not", "a", "dict"]
 
+# The single-process stores by name, for tests elsewhere that pick one (old logs, say).
 FILE_KINDS = ["jsonl", "sqlite"]
 KINDS = ["memory", *FILE_KINDS]
 
@@ -60,14 +64,14 @@ def factory(kind: str, where: Path, *, read_only: bool = False) -> LogFactory:
     return lambda: SqliteLog(where / "log.db", read_only=read_only)
 
 
-@pytest.fixture(params=KINDS)
-def make_log(request: pytest.FixtureRequest, tmp_path: Path) -> LogFactory:
-    return factory(request.param, tmp_path)
+@pytest.fixture
+def make_log(store: Store) -> LogFactory:
+    return store.open
 
 
-@pytest.fixture(params=FILE_KINDS)
-def make_file_log(request: pytest.FixtureRequest, tmp_path: Path) -> LogFactory:
-    return factory(request.param, tmp_path)
+@pytest.fixture
+def make_persistent_log(persistent_store: Store) -> LogFactory:
+    return persistent_store.open
 
 
 def nested(depth: int) -> list[Any]:
@@ -309,7 +313,7 @@ async def test_invalid_batches_raise_a_clear_error_and_log_nothing(
 
 @pytest.mark.anyio
 async def test_payload_values_json_changes_are_held_as_they_read_back(
-    make_log: LogFactory,
+    store: Store, make_log: LogFactory
 ) -> None:
     odd: dict[str, Any] = {
         "pair": (1, 2),
@@ -335,7 +339,7 @@ async def test_payload_values_json_changes_are_held_as_they_read_back(
         await log.append(events, expected_seq=0)
         assert await log.read("s1") == expected
         assert [e for _, e in await log.read_all()] == expected
-    if not isinstance(log, MemoryLog):
+    if store.persistent:
         async with make_log() as reopened:
             assert await reopened.read("s1") == expected
 
@@ -514,17 +518,17 @@ async def test_read_all_positions_increase_and_resume_after_a_position(
 
 @pytest.mark.anyio
 async def test_reopened_log_reads_the_same_events_and_appends_on(
-    make_file_log: LogFactory,
+    make_persistent_log: LogFactory,
 ) -> None:
     varied = varied_session("s-varied")
-    async with make_file_log() as log:
+    async with make_persistent_log() as log:
         await append_all(log, varied, batch=3)
         for step in range(1, 4):
             for session_id in ("b", "a"):
                 await log.append([envelope(session_id, step, at=2e9 + step)], expected_seq=step - 1)
         before = (await log.sessions(), await log.read_all(), await log.read("s-varied"))
 
-    async with make_file_log() as log:
+    async with make_persistent_log() as log:
         assert (await log.sessions(), await log.read_all(), await log.read("s-varied")) == before
         assert await log.last_seq("a") == 3
         with pytest.raises(SeqConflict):
@@ -546,17 +550,16 @@ async def test_a_log_is_writable_from_open_to_close(make_log: LogFactory) -> Non
     assert states == [False, True, True, False]
 
 
-@pytest.mark.parametrize("kind", FILE_KINDS)
 @pytest.mark.anyio
-async def test_a_file_log_opened_beside_a_writer_or_read_only_only_reads(
-    tmp_path: Path, kind: str
+async def test_a_single_writer_log_opened_beside_a_writer_or_read_only_only_reads(
+    single_writer_store: Store,
 ) -> None:
-    make = factory(kind, tmp_path)
+    make = single_writer_store.open
     async with make() as writer:
         await writer.append(run("s1", 1, 2), expected_seq=0)
         for reader, why in [
             (make(), "another log writes it"),
-            (factory(kind, tmp_path, read_only=True)(), "it was opened read_only"),
+            (make(read_only=True), "it was opened read_only"),
         ]:
             async with reader:
                 assert not reader.writable
@@ -566,7 +569,7 @@ async def test_a_file_log_opened_beside_a_writer_or_read_only_only_reads(
                 assert await reader.last_seq("s1") == 2
         assert writer.writable
         await writer.append([envelope("s1", 3)], expected_seq=2)
-    async with factory(kind, tmp_path, read_only=True)() as reader:
+    async with make(read_only=True) as reader:
         assert await reader.read("s1") == run("s1", 1, 3)
         assert not reader.writable
         # A reader takes no lock: a writer opened beside it writes.
@@ -590,8 +593,8 @@ async def test_a_closed_log_refuses_work(make_log: LogFactory) -> None:
 
 
 @pytest.mark.anyio
-async def test_close_waits_for_appends_in_flight(make_file_log: LogFactory) -> None:
-    log = make_file_log()
+async def test_close_waits_for_appends_in_flight(make_persistent_log: LogFactory) -> None:
+    log = make_persistent_log()
     await log.read_all()
     sessions = [f"s{index}" for index in range(50)]
     finished: list[str] = []
@@ -608,7 +611,7 @@ async def test_close_waits_for_appends_in_flight(make_file_log: LogFactory) -> N
         await log.close()
     assert unfinished_at_close > 0
     assert sorted(finished) == sorted(sessions)
-    async with make_file_log() as reopened:
+    async with make_persistent_log() as reopened:
         for session_id in sessions:
             assert await reopened.last_seq(session_id) == 2
 
@@ -625,8 +628,6 @@ async def test_leaving_async_with_under_cancellation_still_closes(make_log: LogF
         await log.read("s1")
 
 
-_counter = itertools.count()
-
 operations = st.lists(
     st.tuples(st.integers(min_value=0, max_value=4), st.integers(min_value=1, max_value=3)),
     min_size=1,
@@ -637,12 +638,13 @@ operations = st.lists(
 @settings(
     max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-@given(ops=operations, kind=st.sampled_from(KINDS))
+@given(ops=operations)
 @pytest.mark.anyio
 async def test_any_sequence_of_appends_reads_back_in_order(
-    tmp_path: Path, ops: list[tuple[int, int]], kind: str
+    store: Store, ops: list[tuple[int, int]]
 ) -> None:
-    make = factory(kind, tmp_path / str(next(_counter)))
+    fresh = store.fresh()
+    make = fresh.open
     expected: dict[str, list[Envelope]] = {}
     order: list[Envelope] = []
     clock = 0.0
@@ -659,7 +661,7 @@ async def test_any_sequence_of_appends_reads_back_in_order(
             assert await log.read(session_id) == events
         assert [e for _, e in await log.read_all()] == order
         live = await log.read_all()
-    if kind != "memory":
+    if fresh.persistent:
         async with make() as reopened:
             assert await reopened.read_all() == live
             assert await reopened.sessions() == list(expected)

@@ -1,4 +1,5 @@
-"""Logs: the EventLog interface, its stores (memory, JSON Lines, SQLite), and JSON Lines files."""
+"""Logs: the EventLog interface, its stores (memory, JSON Lines, SQLite, PostgreSQL), the
+SharedLog capability of a log many workers share, and JSON Lines files."""
 
 from turnkeeper.logs._jsonl import (
     JsonlRead,
@@ -12,16 +13,25 @@ from turnkeeper.logs._jsonl import (
 from turnkeeper.logs._jsonl_log import JsonlLog
 from turnkeeper.logs._log import LARGEST_SEQ, EventLog, SeqConflict, check_batch
 from turnkeeper.logs._memory_log import MemoryLog
+from turnkeeper.logs._postgres_log import PostgresLog
+from turnkeeper.logs._shared import Claim, Consumed, FenceLost, InboxItem, Posted, SharedLog
 from turnkeeper.logs._sqlite_file import StoredChain
 from turnkeeper.logs._sqlite_log import SqliteLog
 
 __all__ = [
     "LARGEST_SEQ",
+    "Claim",
+    "Consumed",
     "EventLog",
+    "FenceLost",
+    "InboxItem",
     "JsonlLog",
     "JsonlRead",
     "MemoryLog",
+    "Posted",
+    "PostgresLog",
     "SeqConflict",
+    "SharedLog",
     "SqliteLog",
     "StoredChain",
     "TornTail",

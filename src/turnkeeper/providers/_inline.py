@@ -319,14 +319,15 @@ def tool_prompt(tools: list[dict[str, Any]], *, grammar: bool, answer: bool = Tr
 
 def answer_prompt(*, results: bool) -> str:
     """The system-prompt section for a reply with tools withdrawn: the answer call's format,
-    and with `results`, to answer from them (measured on SmolLM2-135M, that phrasing was
-    right on 5 of 6 answers after a tool result, with or without a directive to answer;
-    the tool prompt with `final_answer` alone, on 4 without one)."""
+    and with `results`, to answer from them. Measured on SmolLM2-135M over 8 questions
+    answered from a tool result: right on 7 with a system prompt before it and 7 without
+    (with the answer shown as `<your answer as a string>`, unquoted: 7 and 6; as `"..."`,
+    5 and 5, the model copying words of the question)."""
     source = " from the results above," if results else ""
     return (
         f"Reply with your final answer to the user's request,{source} as only this JSON "
         f'object:\n{{"name": "{ANSWER_TOOL}", "arguments": {{"{_ANSWER_ARGUMENT}": '
-        "<your answer as a string>}}"
+        '"<your answer>"}}'
     )
 
 

@@ -198,9 +198,10 @@ class EmbeddedChat:
             await anyio.to_thread.run_sync(self._load)
 
     async def __call__(self, request: dict[str, Any]) -> dict[str, Any]:
-        """Answer `request`, tools included (see `InlineTools`): at most 8 tools, ranked
-        against the request, and a prompt fitted to the context window (fewer tools, then
-        older turns dropped; a permanent ChatError when nothing fits)."""
+        """Answer `request`, tools included (see `InlineTools`, which honours its
+        `tool_choice`): at most 8 tools, ranked against the request, and a prompt fitted to
+        the context window (fewer tools, then older turns dropped; a permanent ChatError
+        when nothing fits)."""
         return await self._with_tools(request)
 
     async def complete(self, request: dict[str, Any]) -> dict[str, Any]:

@@ -15,7 +15,7 @@ longer one; words in any case).
 
 Rows (`--configs`): `default` is what `turnkeeper run` uses for the embedded model (the
 default guards and small-model mode); `off` turns every guard off but max_turns, which
-alone bounds a run; `-<guard>` is the default with that one guard off (one row per guard
+alone bounds a run; `no_<guard>` is the default with that one guard off (one row per guard
 the default has on, max_turns aside). `openai-agents`, `pydantic-ai` and `openai-chat`
 (turnkeeper `run` with OpenAIChat, default guards) drive the same GGUF through
 `turnkeeper model serve` on 127.0.0.1, started here; a framework that is not installed or
@@ -402,7 +402,7 @@ def guard_configs() -> dict[str, GuardConfig]:
     configs = {"default": DEFAULT_GUARDS, "off": GuardConfig(**off, max_turns=MaxTurns())}
     for name in names:
         if name != "max_turns" and getattr(DEFAULT_GUARDS, name) is not None:
-            configs[f"-{name}"] = msgspec.structs.replace(DEFAULT_GUARDS, **{name: None})
+            configs[f"no_{name}"] = msgspec.structs.replace(DEFAULT_GUARDS, **{name: None})
     return configs
 
 

@@ -255,6 +255,29 @@ async def test_a_turnkeeper_session_drives_the_served_model(server: Server) -> N
     assert sums[0] == 42
 
 
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_stops_the_server_cleanly(signum: int) -> None:
+    process = subprocess.Popen(
+        [*COMMAND, "model", "serve", "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=clean_env(),
+    )
+    try:
+        assert process.stdout is not None
+        url = process.stdout.readline().split(" on ", 1)[1].split(" ", 1)[0]
+        assert httpx.get(f"{url}/models", timeout=60).status_code == 200
+        process.send_signal(signum)
+        assert process.wait(timeout=START_WITHIN) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        if process.stdout is not None:
+            process.stdout.close()
+
+
 def test_a_missing_gguf_file_is_a_usage_error(tmp_path: Path) -> None:
     done = subprocess.run(
         [*COMMAND, "model", "serve", "--model", str(tmp_path / "none.gguf"), "--port", "0"],

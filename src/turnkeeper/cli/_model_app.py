@@ -373,14 +373,18 @@ async def serve_model(
     framework = cast(ASGIFramework, create_model_app(chat, served))
     app = wrap_app(framework, config.wsgi_max_body_size, "asgi")
     try:
-        async with anyio.create_task_group() as group:
-            group.start_soon(_watch_signals, stopping, group.cancel_scope)
-            await group.start(
-                partial(worker_serve, app, config, sockets=sockets, shutdown_trigger=stopping.wait)
-            )
-            if ready is not None:
-                ready(f"http://{shown}:{bound_port}/v1")
-            await stopping.wait()
+        async with anyio.create_task_group() as outer:
+            outer.start_soon(_watch_signals, stopping, outer.cancel_scope)
+            async with anyio.create_task_group() as server:
+                await server.start(
+                    partial(
+                        worker_serve, app, config, sockets=sockets, shutdown_trigger=stopping.wait
+                    )
+                )
+                if ready is not None:
+                    ready(f"http://{shown}:{bound_port}/v1")
+            # The server has stopped: so does the signal watcher, waiting for a second one.
+            outer.cancel_scope.cancel()
     finally:
         for sock in sockets.insecure_sockets:
             sock.close()

@@ -13,10 +13,14 @@ LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=O
 .PHONY: setup demo lint typecheck docs test bench
 
 $(VENV)/.installed-$(EXTRAS): pyproject.toml
+	@echo "Setting up $(VENV) with turnkeeper and its extras ($(EXTRAS))."
+	@echo "The first time, this builds the embedded model's runtime (llama-cpp-python) from"
+	@echo "source: about 8 minutes on 2 cores, once. pip's progress follows."
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PY) -m pip install --quiet -e '.[$(EXTRAS)]'
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PY) -m pip install --progress-bar on -e '.[$(EXTRAS)]'
 	touch $@
+	@echo "Set up: $(VENV)/bin/turnkeeper is ready."
 
 setup: $(VENV)/.installed-$(EXTRAS)
 

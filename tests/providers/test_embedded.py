@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from turnkeeper.providers._embedded import (
     EmbeddedUnavailable,
     default_model_path,
 )
+from turnkeeper.providers._inline import reply_schema, tool_prompt, with_answer_tool
 
 ADD_SCHEMA = {
     "type": "object",
@@ -83,6 +85,9 @@ def test_bad_arguments_are_input_errors(tmp_path: Path) -> None:
         EmbeddedChat(max_tokens=-1)
     with pytest.raises(InputError, match="n_threads"):
         EmbeddedChat(n_threads=0)
+    for penalty in (0, -1.0, math.inf, math.nan, True, "1.1"):
+        with pytest.raises(InputError, match="repeat_penalty"):
+            EmbeddedChat(repeat_penalty=penalty)  # type: ignore[arg-type]
 
 
 def test_the_context_window_is_known(chat: EmbeddedChat) -> None:
@@ -132,6 +137,92 @@ async def test_the_final_turn_is_constrained_to_an_answer(chat: EmbeddedChat) ->
     assert reply["name"] == "final_answer"
     assert message["content"] == reply["arguments"]["text"]
     assert "42" in message["content"]
+
+
+@pytest.mark.anyio
+async def test_tool_choice_none_gets_an_answer_from_the_results(chat: EmbeddedChat) -> None:
+    called = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "c1",
+                "type": "function",
+                "function": {"name": "add", "arguments": '{"a": 17, "b": 25}'},
+            }
+        ],
+    }
+    result = {"role": "tool", "tool_call_id": "c1", "content": "42"}
+    history = (SYSTEM, user("What is 17 plus 25?"), called, result)
+    for tools in ([ADD], []):
+        response = await chat(ask(*history, tools=tools, tool_choice="none"))
+        message = message_of(response)
+        assert "tool_calls" not in message
+        assert response["choices"][0]["finish_reason"] == "stop"
+        reply = json.loads(response["turnkeeper"]["reply_text"])
+        assert reply["name"] == "final_answer"
+        assert message["content"] == reply["arguments"]["text"]
+        assert "42" in message["content"]
+
+
+@pytest.mark.anyio
+async def test_tool_choice_required_or_named_gets_a_call(chat: EmbeddedChat) -> None:
+    lookup = ToolSpec(
+        "capital_of",
+        "The capital city of a country.",
+        {"type": "object", "properties": {"country": {"type": "string"}}, "required": ["country"]},
+    ).to_openai()
+    question = user("Hello there!")
+    required = await chat(ask(SYSTEM, question, tools=[ADD, lookup], tool_choice="required"))
+    [call] = message_of(required)["tool_calls"]
+    assert call["function"]["name"] in ("add", "capital_of")
+    named = {"type": "function", "function": {"name": "capital_of"}}
+    response = await chat(ask(SYSTEM, question, tools=[ADD, lookup], tool_choice=named))
+    [call] = message_of(response)["tool_calls"]
+    assert call["function"]["name"] == "capital_of"
+    assert set(json.loads(call["function"]["arguments"])) == {"country"}
+
+
+@pytest.mark.anyio
+async def test_a_repeat_penalty_changes_what_is_sampled() -> None:
+    request = ask(user("Repeat the word cat ten times."), max_tokens=24)
+    plain = message_of(await EmbeddedChat(max_tokens=24).complete(request))
+    penalised = message_of(
+        await EmbeddedChat(max_tokens=24).complete({**request, "repeat_penalty": 1.5})
+    )
+    assert plain["content"] != penalised["content"]
+
+
+@pytest.mark.anyio
+async def test_load_loads_the_model_once_before_the_first_call(anyio_backend: str) -> None:
+    window = 1024 if anyio_backend == "asyncio" else 1280  # one model per test run
+    fresh = EmbeddedChat(n_ctx=window, max_tokens=8)
+    states = [fresh.loaded]
+    await fresh.load()
+    await fresh.load()
+    states += [fresh.loaded, EmbeddedChat(n_ctx=window).loaded]
+    assert states == [False, True, True]
+    assert message_of(await fresh(ask(user("Hi."))))["role"] == "assistant"
+
+
+@pytest.mark.anyio
+async def test_a_string_in_the_grammar_holds_no_raw_newline(chat: EmbeddedChat) -> None:
+    # On this history SmolLM2-135M, constrained by llama-cpp-python's own grammar of the
+    # schema, wrote `"text": "}}\nThe final answer is 42.\n\n...`: not JSON.
+    system = f"{SYSTEM['content']}\n\n{tool_prompt([], grammar=True)}"
+    messages = [
+        {"role": "system", "content": system},
+        user("What is 17 plus 25?"),
+        {"role": "assistant", "content": '{"name": "add", "arguments": {"a": 17, "b": 25}}'},
+        user("Result of add: 42"),
+    ]
+    schema = reply_schema(with_answer_tool([]))
+    response = await chat.complete(
+        ask(*messages, response_format={"type": "json_object", "schema": schema})
+    )
+    text = message_of(response)["content"]
+    assert text.startswith('{"name": "final_answer", "arguments": {"text": "')
+    assert not any(ord(character) < 0x20 for character in text)
 
 
 @pytest.mark.anyio

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from turnkeeper.core import ToolSpec, validate
+from turnkeeper.core import ChatError, ToolSpec, validate
 from turnkeeper.providers import ScriptedChat, text_response, tool_response
 from turnkeeper.providers._inline import (
     RESULT_CHARS,
     InlineTools,
+    answer_prompt,
     inline_request,
     inline_response,
     reply_schema,
@@ -182,6 +184,96 @@ def test_final_turn_allows_the_terminal_tool_it_names() -> None:
     assert validate(schema, {"name": "finish", "arguments": {"answer": "5"}}) == []
     assert validate(schema, {"name": "add", "arguments": {"a": 2, "b": 3}})
     assert validate(schema, {"name": "final_answer", "arguments": {"text": "5"}})
+
+
+def test_tool_choice_none_withdraws_the_tools_and_admits_only_an_answer() -> None:
+    called = tool_response(("add", {"a": 2, "b": 3}, "c1"))["choices"][0]["message"]
+    result = {"role": "tool", "tool_call_id": "c1", "content": "5"}
+    for tools in ([ADD, LOOKUP], []):
+        asked = {**request(SYSTEM, ASK, called, result, tools=tools), "tool_choice": "none"}
+        sent = inline_request(asked, grammar=True)
+        prompt = sent["messages"][0]["content"]
+        assert prompt == f"You are terse.\n\n{answer_prompt(results=True)}"
+        assert "from the results above" in prompt
+        schema = sent["response_format"]["schema"]
+        assert validate(schema, {"name": "final_answer", "arguments": {"text": "5"}}) == []
+        assert validate(schema, {"name": "add", "arguments": {"a": 2, "b": 3}})
+        assert sent["messages"][2] == {
+            "role": "assistant",
+            "content": '{"name": "add", "arguments": {"a": 2, "b": 3}}',
+        }
+        answered = inline_response(
+            reply('{"name": "final_answer", "arguments": {"text": "It is 5."}}'), asked
+        )
+        assert message_of(answered) == {"role": "assistant", "content": "It is 5."}
+        assert answered["choices"][0]["finish_reason"] == "stop"
+
+
+def test_tool_choice_none_on_a_fresh_question_asks_for_the_answer_alone() -> None:
+    sent = inline_request({**request(ASK), "tool_choice": "none"}, grammar=False)
+    assert sent["messages"][0]["content"] == answer_prompt(results=False)
+    assert "results" not in sent["messages"][0]["content"]
+    assert "response_format" not in sent
+
+
+def test_tool_choice_none_surfaces_no_call_even_unconstrained() -> None:
+    asked = {**request(ASK), "tool_choice": "none"}
+    text = 'Sure. {"name": "add", "arguments": {"a": 2, "b": 3}}'
+    response = inline_response(reply(text), asked)
+    assert message_of(response) == {"role": "assistant", "content": text}
+    assert response["choices"][0]["finish_reason"] == "stop"
+    own = ToolSpec("final_answer", "Report.", {"type": "object"}).to_openai()
+    mine = {**request(ASK, tools=[own]), "tool_choice": "none"}
+    answer = '{"name": "final_answer", "arguments": {"text": "5"}}'
+    assert message_of(inline_response(reply(answer), mine))["content"] == "5"
+
+
+def test_tool_choice_required_admits_only_the_real_tools() -> None:
+    asked = {**request(SYSTEM, ASK), "tool_choice": "required"}
+    sent = inline_request(asked, grammar=True)
+    prompt = sent["messages"][0]["content"]
+    assert "final_answer" not in prompt
+    assert prompt.endswith("Call one of these tools now.")
+    schema = sent["response_format"]["schema"]
+    assert schema == reply_schema([ADD["function"], LOOKUP["function"]])
+    assert validate(schema, {"name": "final_answer", "arguments": {"text": "5"}})
+
+
+def test_a_named_tool_choice_admits_that_function_alone() -> None:
+    named = {"type": "function", "function": {"name": "lookup"}}
+    asked = {**request(SYSTEM, ASK), "tool_choice": named}
+    sent = inline_request(asked, grammar=True)
+    prompt = sent["messages"][0]["content"]
+    assert "- lookup(" in prompt
+    assert "- add(" not in prompt
+    assert "final_answer" not in prompt
+    assert sent["response_format"]["schema"] == reply_schema([LOOKUP["function"]])
+    assert "tool_choice" not in sent
+
+
+def test_a_final_turn_under_auto_still_constrains_to_an_answer() -> None:
+    last = {"role": "user", "content": "This is your last turn. Finish now."}
+    asked = {**request(SYSTEM, ASK, last), "tool_choice": "auto"}
+    sent = inline_request(asked, grammar=True)
+    assert sent["response_format"]["schema"] == reply_schema(with_answer_tool([]))
+    assert "- add(" in sent["messages"][0]["content"]
+
+
+@pytest.mark.parametrize(
+    ("choice", "tools", "why"),
+    [
+        ("sometimes", None, "tool_choice: expected"),
+        ({"type": "function"}, None, "tool_choice: expected"),
+        ({"type": "function", "function": {"name": "nope"}}, None, "'nope' is not among"),
+        ("required", [], 'tool_choice "required": the request has no tools'),
+    ],
+)
+def test_a_bad_tool_choice_is_a_permanent_chat_error(
+    choice: Any, tools: list[dict[str, Any]] | None, why: str
+) -> None:
+    with pytest.raises(ChatError, match=re.escape(why)) as caught:
+        inline_request({**request(ASK, tools=tools), "tool_choice": choice}, grammar=True)
+    assert caught.value.transient is False
 
 
 def test_history_calls_and_results_become_plain_turns() -> None:

@@ -116,6 +116,36 @@ async def test_ranking_favours_the_tools_the_history_just_called() -> None:
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("max_tools", "sent"),
+    [
+        (1, ["send_email"]),
+        (2, ["add_to_cart", "send_email"]),
+        (3, ["get_weather", "add_to_cart", "send_email"]),
+    ],
+)
+async def test_ranking_keeps_the_function_tool_choice_names(
+    max_tools: int, sent: list[str]
+) -> None:
+    chat = ScriptedChat([text_response("ok")])
+    named = {"type": "function", "function": {"name": "send_email"}}
+    asked = {**request([user("add the weather to my cart")]), "tool_choice": named}
+    await with_tool_ranking(chat, max_tools=max_tools)(asked)
+    assert sent_names(chat) == sent
+    assert chat.requests[0]["tool_choice"] == named
+
+
+@pytest.mark.anyio
+async def test_fitting_keeps_the_function_tool_choice_names() -> None:
+    chat = Recorder()
+    named = {"type": "function", "function": {"name": "send_email"}}
+    asked = {**request([user("what is the weather in Paris?")]), "tool_choice": named}
+    fits_one = per_item([asked["messages"][0]], TOOLS[:1]) + 5
+    await fitting(chat, fits_one)(asked)
+    assert [tool["function"]["name"] for tool in chat.requests[0]["tools"]] == ["send_email"]
+
+
+@pytest.mark.anyio
 async def test_ranking_leaves_a_request_without_tools_alone() -> None:
     chat = Recorder()
     given = {"model": "m", "messages": [user("hi")]}

@@ -184,4 +184,27 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="a file holding the bearer token (default: TURNKEEPER_TOKEN, else a new one)",
     )
+    model = commands.add_parser("model", help="serve the embedded model to other frameworks")
+    model_commands = model.add_subparsers(dest="model_command", required=True, metavar="COMMAND")
+    model_serve = model_commands.add_parser(
+        "serve",
+        help="serve the embedded model as an OpenAI-compatible /v1/chat/completions",
+        description="Serve the embedded model over HTTP as OpenAI chat completions, with "
+        "tool calls made well-formed by a grammar, until SIGINT or SIGTERM.",
+    )
+    model_serve.set_defaults(command="model serve")
+    model_serve.add_argument("--host", type=_text("a host"), default="127.0.0.1")
+    model_serve.add_argument("--port", type=_port, default=8080, help="default 8080; 0 picks one")
+    model_serve.add_argument(
+        "--model",
+        type=_text("a path"),
+        metavar="GGUF",
+        help="the GGUF file to serve (default: SmolLM2-135M-Instruct)",
+    )
+    model_serve.add_argument(
+        "--chat-format",
+        type=_text("a chat format"),
+        metavar="NAME",
+        help="a llama-cpp-python chat format, for weights whose GGUF has no chat template",
+    )
     return parser

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import time
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -15,9 +17,9 @@ from turnkeeper.cli._guards import parse_guards
 from turnkeeper.cli._logs import Recorder
 from turnkeeper.cli._render import result_text, step_line
 from turnkeeper.cli._toolset import example_tools, load_tools
-from turnkeeper.core import AgentSpec, Chat, GuardConfig, InputError, SmallModel
+from turnkeeper.core import AgentSpec, Chat, ChatError, GuardConfig, InputError, SmallModel
 from turnkeeper.events import Envelope, encode_envelope
-from turnkeeper.providers import aclose_shared_client
+from turnkeeper.providers import EmbeddedChat, aclose_shared_client
 from turnkeeper.sessions import RunResult, run
 from turnkeeper.tools import mcp_servers_from_commands
 
@@ -56,6 +58,10 @@ class _Output:
     def model_call(self) -> None:
         self._say("model: thinking…")
 
+    def notice(self, line: str) -> None:
+        """A line on stderr in either mode: what the run waits for before its first step."""
+        print(line, file=sys.stderr, flush=True)
+
     def event(self, envelope: Envelope) -> None:
         if self.json_lines:
             sys.stdout.buffer.write(encode_envelope(envelope) + b"\n")
@@ -85,6 +91,18 @@ def exit_code(result: RunResult) -> int:
     return _codes.STOPPED
 
 
+async def _load(chat: EmbeddedChat, output: _Output) -> None:
+    """Load the embedded model before the session starts, saying so: it takes a moment,
+    and the first model call would otherwise wait for it without a word."""
+    output.notice(f"model: loading {Path(chat.model_path).name} (embedded, once per process)…")
+    started = time.perf_counter()
+    try:
+        await chat.load()
+    except ChatError:
+        return  # the session's first call fails the same way, and reports it
+    output.notice(f"model: loaded in {time.perf_counter() - started:.1f} s")
+
+
 async def run_command(options: RunOptions) -> int:
     """Run the session, print its steps and then its answer; return the exit code."""
     tools = example_tools() if options.tools is None else load_tools(options.tools)
@@ -109,6 +127,8 @@ async def run_command(options: RunOptions) -> int:
         guards = parse_guards(options.guards).over(guards)
     chat = chat_backend(options.base_url, options.model)
     output = _Output(options.json)
+    if isinstance(chat, EmbeddedChat) and not chat.loaded:
+        await _load(chat, output)
     async with contextlib.AsyncExitStack() as stack:
         recorder = None
         if options.log is not None:

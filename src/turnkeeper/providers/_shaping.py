@@ -37,8 +37,9 @@ def with_tool_ranking(chat: Chat, *, max_tools: int = 8) -> Chat:
     """`chat`, sent at most `max_tools` of the request's tools, with compact schemas.
 
     The tools are ranked by `rank_tools` against the last user message, with a bonus for
-    the tools the history called most recently; their `parameters` go through
-    `compact_schema`. Everything else in the request is sent as it is.
+    the tools the history called most recently; a function the request's `tool_choice`
+    names is always among them. Their `parameters` go through `compact_schema`.
+    Everything else in the request is sent as it is.
     """
     if isinstance(max_tools, bool) or not isinstance(max_tools, int) or max_tools < 1:
         raise InputError(f"with_tool_ranking: max_tools must be an int >= 1, got {max_tools!r}")
@@ -47,7 +48,7 @@ def with_tool_ranking(chat: Chat, *, max_tools: int = 8) -> Chat:
         tools = request.get("tools")
         if not tools:
             return await chat(request)
-        chosen = _ranked(tools, request.get("messages") or [], max_tools)
+        chosen = _ranked(tools, request.get("messages") or [], max_tools, _named(request))
         return await chat({**request, "tools": [_compacted(tool) for tool in chosen]})
 
     return ranked
@@ -64,11 +65,11 @@ def with_prompt_fitting(
 
     The reply keeps the request's `max_tokens`, else `reply_tokens`, of the window. A
     request too long is cut in steps until it fits: its tools to the best 4, 2, then 1
-    (ranked as `with_tool_ranking` does); then the oldest turns, dropped one at a time,
-    so what is left starts on a user turn. The system message and the newest user turn
-    always stay, and an assistant's tool calls go only together with their tool
-    messages. Still too long: a permanent `ChatError("prompt too long: ...")`, which the
-    session logs as a `local.chat_error`.
+    (ranked as `with_tool_ranking` does, so a function `tool_choice` names stays); then
+    the oldest turns, dropped one at a time, so what is left starts on a user turn. The
+    system message and the newest user turn always stay, and an assistant's tool calls go
+    only together with their tool messages. Still too long: a permanent
+    `ChatError("prompt too long: ...")`, which the session logs as a `local.chat_error`.
     """
     for name, value in (("context_window", context_window), ("reply_tokens", reply_tokens)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -89,7 +90,7 @@ def with_prompt_fitting(
         if tried <= budget:
             return await chat(request)
         for count in (n for n in _FEWER_TOOLS if n < len(tools)):
-            tools = _ranked(tools, messages, count)
+            tools = _ranked(tools, messages, count, _named(request))
             tried = count_tokens(messages, tools)
             if tried <= budget:
                 return await chat({**request, "tools": tools})
@@ -137,13 +138,35 @@ def approx_tokens(messages: list[Message], tools: list[dict[str, Any]]) -> int:
 
 
 def _ranked(
-    tools: Sequence[dict[str, Any]], messages: Sequence[Message], max_tools: int
+    tools: Sequence[dict[str, Any]],
+    messages: Sequence[Message],
+    max_tools: int,
+    keep: str | None = None,
 ) -> list[dict[str, Any]]:
-    """The request's `max_tools` best tools against its last user message, in their order."""
+    """The request's `max_tools` best tools against its last user message, in their order;
+    the tool named `keep`, if there is one, is always among them."""
     specs = [_spec(index, tool) for index, tool in enumerate(tools)]
-    chosen = rank_tools(specs, _query(messages), max_tools=max_tools, recent=_recent(messages))
+    query, recent = _query(messages), _recent(messages)
+    chosen = rank_tools(specs, query, max_tools=max_tools, recent=recent)
+    kept = next((spec for spec in specs if spec.name == keep), None)
+    if kept is not None and all(spec is not kept for spec in chosen):
+        others = [spec for spec in specs if spec is not kept]
+        rest = (
+            rank_tools(others, query, max_tools=max_tools - 1, recent=recent)
+            if max_tools > 1
+            else []
+        )
+        chosen = [*rest, kept]
     position = {id(spec): index for index, spec in enumerate(specs)}
-    return [tools[position[id(spec)]] for spec in chosen]
+    return [tools[index] for index in sorted(position[id(spec)] for spec in chosen)]
+
+
+def _named(request: dict[str, Any]) -> str | None:
+    """The function the request's `tool_choice` names, if it names one."""
+    choice = request.get("tool_choice")
+    function = choice.get("function") if isinstance(choice, dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
+    return name if isinstance(name, str) else None
 
 
 def _spec(index: int, tool: object) -> ToolSpec:

@@ -28,6 +28,8 @@ _S = TypeVar("_S", bound=msgspec.Struct)
 Endpoint = Callable[[Request], Awaitable[Response]]
 
 JSON = "application/json"
+DEFAULT_PAGE = 100
+"""Items in a page when a request names no `limit`."""
 _NUMBER = re.compile(r"-?[0-9]+(\.[0-9]+)?([eE][+-]?[0-9]+)?")
 _BUSY_RETRY_SECONDS = 1
 _TOO_DEEP = f"body: the JSON nests more than {MAX_JSON_DEPTH} levels"

@@ -1,4 +1,5 @@
-"""The Starlette app: JSON endpoints under /v1 over a running Host."""
+"""The Starlette app: JSON endpoints under /v1 over a running Host, and the inspector's
+pages under /ui/."""
 
 from __future__ import annotations
 
@@ -11,42 +12,42 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
 from turnkeeper.core import InputError
-from turnkeeper.logs import LARGEST_SEQ
 from turnkeeper.service._auth import BearerAuth, check_token
+from turnkeeper.service._catalog import Catalog
 from turnkeeper.service._errors import ApiError
 from turnkeeper.service._http import (
+    DEFAULT_PAGE,
     JSON,
     http_error,
     int_param,
     json_response,
-    parse_int,
     read_body,
     route,
     wait_param,
 )
+from turnkeeper.service._inspector import Inspector, describe
 from turnkeeper.service._limits import DEFAULT_LIMITS, Limits
-from turnkeeper.service._longpoll import client_gone, events_or_stop, unless_stopping
+from turnkeeper.service._longpoll import client_gone, unless_stopping
 from turnkeeper.service._metrics import CONTENT_TYPE, render_metrics
 from turnkeeper.service._openapi import openapi_document
 from turnkeeper.service._schemas import (
     Created,
     CreateSession,
-    EventPage,
     Health,
     PostMessage,
     PostToolResults,
     SessionPage,
 )
-from turnkeeper.service._sse import event_stream
+from turnkeeper.service._tail import events_response, stream_response
+from turnkeeper.service._ui import UI_PREFIX, ui_mount
 from turnkeeper.service._unread import CloseUnreadBodies
 from turnkeeper.sessions import Host, UnknownSession, open_session
 
 HEALTH_PATH = "/v1/healthz"
 _FIELD_PREFIX = re.compile(r"^(?P<field>[A-Za-z_][\w.\[\]]*): ")
-_DEFAULT_PAGE = 100
 
 
 def create_app(
@@ -57,8 +58,9 @@ def create_app(
     ping_seconds: float = 15.0,
     stopping: anyio.Event | None = None,
 ) -> Starlette:
-    """The HTTP API over `host` (which must be running): every route but /v1/healthz
-    needs `Authorization: Bearer <token>`. Setting `stopping` ends long-polls and event
+    """The HTTP API over `host` (which must be running), and the inspector's pages under
+    /ui/: every route but /v1/healthz and the pages needs `Authorization: Bearer <token>`
+    (the pages ask for it and send it to the API). Setting `stopping` ends long-polls and event
     streams at once and turns health to 503, so a server can shut down without waiting
     on them. Call it inside the event loop that runs `host`."""
     check_token(token)
@@ -67,6 +69,7 @@ def create_app(
     if not isinstance(ping_seconds, int | float) or not ping_seconds > 0:
         raise InputError(f"ping_seconds: expected a number > 0, got {ping_seconds!r}")
     api = _Api(host, limits, ping_seconds, stopping if stopping is not None else anyio.Event())
+    inspector = Inspector(Catalog(host.log), live=True, source=describe(host.log), limits=limits)
     sessions = "/v1/sessions"
     one = sessions + "/{session_id}"
     routes = [
@@ -75,17 +78,26 @@ def create_app(
         route(one + "/messages", POST=api.message),
         route(one + "/tool_results", POST=api.tool_results),
         route(one + "/cancel", POST=api.cancel),
+        route(one + "/retry", POST=api.retry),
+        route(one + "/recheck", POST=inspector.recheck),
         route(one + "/events", GET=api.events),
         route(one + "/events/stream", GET=api.stream),
         route(HEALTH_PATH, GET=api.health),
         route("/v1/metrics", GET=api.metrics),
         route("/v1/openapi.json", GET=api.openapi),
+        *inspector.routes(),
+        ui_mount(),
     ]
     return Starlette(
         routes=routes,
         middleware=[
             Middleware(CloseUnreadBodies),
-            Middleware(BearerAuth, token=token, public=frozenset({HEALTH_PATH})),
+            Middleware(
+                BearerAuth,
+                token=token,
+                public=frozenset({HEALTH_PATH, UI_PREFIX}),
+                public_prefixes=(UI_PREFIX + "/",),
+            ),
         ],
         exception_handlers={HTTPException: http_error},
     )
@@ -133,7 +145,7 @@ class _Api:
         return json_response(Created(session_id), 201)
 
     async def list_sessions(self, request: Request) -> Response:
-        limit = int_param(request, "limit", _DEFAULT_PAGE, 1, self.limits.max_page)
+        limit = int_param(request, "limit", DEFAULT_PAGE, 1, self.limits.max_page)
         cursor = request.query_params.get("cursor")
         ids = await self.host.sessions()
         start = 0
@@ -203,39 +215,21 @@ class _Api:
         await self.host.cancel(session_id)
         return json_response(await self.host.status(session_id))
 
-    async def events(self, request: Request) -> Response:
+    async def retry(self, request: Request) -> Response:
         session_id = request.path_params["session_id"]
-        after = int_param(request, "after", 0, 0, LARGEST_SEQ)
-        wait = wait_param(request, self.limits)
-        limit = int_param(request, "limit", _DEFAULT_PAGE, 1, self.limits.max_page)
-        found = await events_or_stop(
-            self.host,
-            session_id,
-            after=after,
-            wait=wait,
-            stopping=self.stopping,
-            gone=partial(client_gone, request),
-        )
-        page = found[:limit]
-        return json_response(EventPage(page, page[-1].seq if page else after))
+        await self.host.retry(session_id)
+        return json_response(await self.host.status(session_id))
+
+    async def events(self, request: Request) -> Response:
+        return await events_response(request, self.host, self.limits, self.stopping)
 
     async def stream(self, request: Request) -> Response:
-        session_id = request.path_params["session_id"]
-        after = int_param(request, "after", 0, 0, LARGEST_SEQ)
-        last = request.headers.get("last-event-id")
-        if last is not None:
-            after = parse_int("Last-Event-ID", last.strip(), 0, LARGEST_SEQ)
-        await self.host.status(session_id)
-        return StreamingResponse(
-            event_stream(
-                self.host,
-                session_id,
-                after=after,
-                ping_seconds=self.ping_seconds,
-                stopping=self.stopping,
-            ),
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        return await stream_response(
+            request,
+            self.host,
+            self.host.status,
+            ping_seconds=self.ping_seconds,
+            stopping=self.stopping,
         )
 
     async def health(self, request: Request) -> Response:

@@ -23,7 +23,7 @@ _TYPES = {
     ".html": "text/html; charset=utf-8",
     ".css": "text/css; charset=utf-8",
     ".js": "text/javascript; charset=utf-8",
-    ".png": "image/png",
+    ".svg": "image/svg+xml",
 }
 _HEADERS = {
     # No inline script, style attribute or eval, and nothing from elsewhere: text the

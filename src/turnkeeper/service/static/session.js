@@ -73,6 +73,9 @@ function argumentsOf(call) {
 }
 
 function seconds(delta) {
+  if (delta < 1) {
+    return `${Math.round(delta * 1000)} ms`;
+  }
   return delta < 10 ? `${delta.toFixed(2)} s` : `${delta.toFixed(1)} s`;
 }
 
@@ -479,7 +482,7 @@ function markDivergence(divergence) {
   if (node) {
     node.classList.add("diverges");
     node.querySelector(".event-head").after(
-      el("p", { class: "diverge-note", text: `What if: poll ${divergence.poll} would differ here. ${divergence.summary}` }),
+      el("p", { class: "diverge-note", text: `What if: ${divergence.summary}` }),
     );
     node.scrollIntoView({ block: "center" });
   }

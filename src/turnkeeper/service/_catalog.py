@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 
 import anyio
 
+from turnkeeper.core import gc_paused
 from turnkeeper.events import Envelope
 from turnkeeper.logs import EventLog
 from turnkeeper.service._summary import ListedStatus, SessionSummary, Tracker
@@ -100,7 +101,10 @@ class Catalog:
             while True:
                 found = await self.log.read_all(after=self._after, limit=self._page)
                 if found:
-                    self._take(found)
+                    # A bulk load (see `gc_paused`): summaries that stay, for as long as the
+                    # sessions do.
+                    with gc_paused():
+                        self._take(found)
                     self._after = found[-1][0]
                 self._indexing = len(found) == self._page
                 if not self._indexing or anyio.current_time() >= deadline:

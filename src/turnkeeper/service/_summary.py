@@ -9,7 +9,8 @@ holds it to the real fold, event by event). Pure: no I/O, no clock.
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 import msgspec
 
@@ -164,62 +165,47 @@ class Tracker:
         self.seq = envelope.seq
         self.last_at = envelope.at
         event = envelope.event
+        kind = type(event)
         # As a Host rebuilt from the log sees it: errored while a failed call is the last word.
-        self.errored = isinstance(event, ChatFailed)
+        self.errored = kind is ChatFailed
         self.error = event.error if isinstance(event, ChatFailed | Failed) else None
         if self.unreadable is not None:
             return
-        if isinstance(event, SessionOpened) != (envelope.seq == 1):
+        if (kind is SessionOpened) != (envelope.seq == 1):
             self.unreadable = (
                 f"seq {envelope.seq} is {envelope.type}; a session's log starts with "
                 "local.session_opened, and only there"
             )
             return
+        rule = _RULES.get(kind)
+        if rule is None:
+            return
         try:
-            self._apply(event)
+            rule(self, event)
         except (InputError, TypeError) as exc:
             self.unreadable = f"seq {envelope.seq}: {exc}"
 
-    def _apply(self, event: object) -> None:
-        # The rules of turnkeeper.state's fold, for the fields the status follows from.
-        if isinstance(event, SessionOpened):
-            opened = initial_state(self.session_id, event)
-            self.model = event.spec.model
-            self.state = opened.status
-            self.pending = tuple(use.id for use in opened.pending)
-        elif isinstance(event, MessageReceived):
-            if self.prompt is None:
-                self.prompt = gist(event.text, _PROMPT_CHARS)
-            if self.queued and self.queued[0] == event.text:
-                self.queued = self.queued[1:]
-            self._begin_step()
-        elif isinstance(event, ToolResultsReceived):
-            self._begin_step()
-        elif isinstance(event, ModelResponded):
-            self.pending = _call_ids(event)
-            self.returned = self.called = frozenset()
-            self.state = "requires_action" if self.pending else "idle"
-            self.in_poll = False
-            self.polls += 1
-            self.usage += event.usage
-            self.stop_reason = "tool_use" if self.pending else event.finish_reason or "unknown"
-        elif isinstance(event, MessageQueued):
-            self.queued = (*self.queued, event.text)
-        elif isinstance(event, DirectiveInjected):
-            if self.state == "idle":
-                self.state = "running"
-            self.stop_reason = None
-        elif isinstance(event, DuplicateToolCall):
-            self.pending = tuple(use for use in self.pending if use != event.tool_call_id)
-            if not self.pending and self.state == "requires_action":
-                self.state = "running"
-        elif isinstance(event, ToolReturned):
-            if event.tool_call_id in self.pending:
-                self.returned |= {event.tool_call_id}
-        elif isinstance(event, ToolCalled):
-            self.called |= {event.tool_call_id}
-        elif isinstance(event, Halted | TerminalToolCalled | Cancelled | Failed):
-            self._end(event)
+    # The rules of turnkeeper.state's fold, for the fields the status follows from.
+
+    def _opened(self, event: SessionOpened) -> None:
+        self.model = event.spec.model
+        if all(message.get("role") == "system" for message in event.history):
+            # A new session (the usual case): nothing of a transcript to take up.
+            self.state, self.pending = "idle", ()
+            return
+        opened = initial_state(self.session_id, event)
+        self.state = opened.status
+        self.pending = tuple(use.id for use in opened.pending)
+
+    def _message(self, event: MessageReceived) -> None:
+        if self.prompt is None:
+            self.prompt = gist(event.text, _PROMPT_CHARS)
+        if self.queued and self.queued[0] == event.text:
+            self.queued = self.queued[1:]
+        self._begin_step()
+
+    def _results(self, event: ToolResultsReceived) -> None:
+        self._begin_step()
 
     def _begin_step(self) -> None:
         """A poll's input: the model is to be called."""
@@ -229,18 +215,69 @@ class Tracker:
         self.in_poll = True
         self.stop_reason = None
 
-    def _end(self, event: Halted | TerminalToolCalled | Cancelled | Failed) -> None:
+    def _response(self, event: ModelResponded) -> None:
+        self.pending = _call_ids(event)
+        self.returned = self.called = frozenset()
+        self.state = "requires_action" if self.pending else "idle"
         self.in_poll = False
-        if isinstance(event, Failed):
-            self.state, self.stop_reason = "failed", "failed"
-            return
-        self.pending = ()
-        if isinstance(event, Halted):
-            self.state, self.stop_reason = "halted", event.reason
-        elif isinstance(event, TerminalToolCalled):
-            self.state, self.stop_reason = "idle", "terminal_tool"
-        else:
-            self.state, self.stop_reason = "cancelled", "cancelled"
+        self.polls += 1
+        self.usage += event.usage
+        self.stop_reason = "tool_use" if self.pending else event.finish_reason or "unknown"
+
+    def _queued(self, event: MessageQueued) -> None:
+        self.queued = (*self.queued, event.text)
+
+    def _directive(self, event: DirectiveInjected) -> None:
+        if self.state == "idle":
+            self.state = "running"
+        self.stop_reason = None
+
+    def _duplicate(self, event: DuplicateToolCall) -> None:
+        self.pending = tuple(use for use in self.pending if use != event.tool_call_id)
+        if not self.pending and self.state == "requires_action":
+            self.state = "running"
+
+    def _returned(self, event: ToolReturned) -> None:
+        if event.tool_call_id in self.pending:
+            self.returned |= {event.tool_call_id}
+
+    def _called(self, event: ToolCalled) -> None:
+        self.called |= {event.tool_call_id}
+
+    def _halted(self, event: Halted) -> None:
+        self.pending, self.in_poll = (), False
+        self.state, self.stop_reason = "halted", event.reason
+
+    def _terminal(self, event: TerminalToolCalled) -> None:
+        self.pending, self.in_poll = (), False
+        self.state, self.stop_reason = "idle", "terminal_tool"
+
+    def _cancelled(self, event: Cancelled) -> None:
+        self.pending, self.in_poll = (), False
+        self.state, self.stop_reason = "cancelled", "cancelled"
+
+    def _failed(self, event: Failed) -> None:
+        self.in_poll = False
+        self.state, self.stop_reason = "failed", "failed"
+
+
+_RULES: dict[type, Callable[[Tracker, Any], None]] = {
+    SessionOpened: Tracker._opened,
+    MessageReceived: Tracker._message,
+    ToolResultsReceived: Tracker._results,
+    ModelResponded: Tracker._response,
+    MessageQueued: Tracker._queued,
+    DirectiveInjected: Tracker._directive,
+    DuplicateToolCall: Tracker._duplicate,
+    ToolReturned: Tracker._returned,
+    ToolCalled: Tracker._called,
+    Halted: Tracker._halted,
+    TerminalToolCalled: Tracker._terminal,
+    Cancelled: Tracker._cancelled,
+    Failed: Tracker._failed,
+}
+"""How each kind of event changes a summary's status; the others change only its seq
+and times (and end an error)."""
 
 
 def _call_ids(event: ModelResponded) -> tuple[str, ...]:

@@ -10,6 +10,7 @@ import {
   boot,
   el,
   locked,
+  markPainted,
   notice,
   number,
   statusBadge,
@@ -280,11 +281,20 @@ function item(envelope) {
     ),
     el("div", { class: "event-body" }, ...shown.body),
   );
-  raw.addEventListener("click", () => toggleRaw(node, raw, envelope));
   page.items.set(envelope.seq, node);
   page.envelopes.set(envelope.seq, envelope);
   page.last = envelope.seq;
   return node;
+}
+
+// One listener for every event's JSON button (one each made drawing long timelines slow).
+function onTimelineClick(click) {
+  const button = click.target.closest(".raw-toggle");
+  if (!button) {
+    return;
+  }
+  const node = button.closest("li.event");
+  toggleRaw(node, button, page.envelopes.get(Number(node.dataset.seq)));
 }
 
 function toggleRaw(node, button, envelope) {
@@ -370,15 +380,20 @@ function renderActions(info) {
   );
 }
 
-async function refresh() {
-  const view = await api(`/v1/inspector/sessions/${encodeURIComponent(sessionId)}`);
+function summary() {
+  return api(`/v1/inspector/sessions/${encodeURIComponent(sessionId)}`);
+}
+
+function show(view, info) {
   page.live = view.live;
-  page.maxPage = view.max_page;
-  const info = view.live ? await api(base) : null;
   renderHead(view, info);
   document.getElementById("actions").hidden = !view.live;
   document.getElementById("read-only").hidden = view.live;
-  return view;
+}
+
+async function refresh() {
+  const view = await summary();
+  show(view, view.live ? await api(base) : null);
 }
 
 // Refreshes the summary once events stop arriving for a moment.
@@ -533,14 +548,19 @@ async function start() {
   const controller = (page.controller = new AbortController());
   document.getElementById("crumb-id").textContent = sessionId;
   try {
-    await refresh();
-    for (;;) {
-      const found = await api(`${base}/events?after=${page.last}&limit=${page.maxPage}`, { signal: controller.signal });
-      append(found.events);
-      if (found.events.length < page.maxPage) {
-        break;
-      }
+    const view = await summary();
+    // Every page of the events the summary counts, at once; the tail brings any later.
+    const size = view.max_page;
+    const reads = [];
+    for (let after = page.last; after < view.session.events; after += size) {
+      const path = `${base}/events?after=${after}&limit=${size}`;
+      reads.push(api(path, { signal: controller.signal }));
     }
+    const [info, ...found] = await Promise.all([view.live ? api(base) : null, ...reads]);
+    for (const events of found) {
+      append(events.events);
+    }
+    show(view, info);
   } catch (error) {
     if (error instanceof ApiError && error.status === 404) {
       notice(`No session ${sessionId} in this log.`);
@@ -551,7 +571,7 @@ async function start() {
   }
   if (!page.rendered) {
     page.rendered = true;
-    performance.mark("turnkeeper:session-rendered");
+    markPainted("turnkeeper:session-rendered");
   }
   const live = document.getElementById("live");
   live.hidden = false;
@@ -566,6 +586,7 @@ async function start() {
   ).catch(failed);
 }
 
+document.getElementById("timeline").addEventListener("click", onTimelineClick);
 wireActions();
 wireWhatIf();
 boot(start);

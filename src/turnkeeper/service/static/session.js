@@ -549,18 +549,22 @@ async function start() {
   document.getElementById("crumb-id").textContent = sessionId;
   try {
     const view = await summary();
-    // Every page of the events the summary counts, at once; the tail brings any later.
+    // The pages of events the summary counts, four at a time (a long session's would
+    // otherwise all be asked for at once); the tail brings any later.
     const size = view.max_page;
-    const reads = [];
+    const starts = [];
     for (let after = page.last; after < view.session.events; after += size) {
-      const path = `${base}/events?after=${after}&limit=${size}`;
-      reads.push(api(path, { signal: controller.signal }));
+      starts.push(after);
     }
-    const [info, ...found] = await Promise.all([view.live ? api(base) : null, ...reads]);
-    for (const events of found) {
-      append(events.events);
+    for (let first = 0; first < starts.length; first += 4) {
+      const reads = starts
+        .slice(first, first + 4)
+        .map((after) => api(`${base}/events?after=${after}&limit=${size}`, { signal: controller.signal }));
+      for (const found of await Promise.all(reads)) {
+        append(found.events);
+      }
     }
-    show(view, info);
+    show(view, view.live ? await api(base) : null);
   } catch (error) {
     if (error instanceof ApiError && error.status === 404) {
       notice(`No session ${sessionId} in this log.`);

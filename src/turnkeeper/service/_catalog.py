@@ -16,6 +16,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 
 import anyio
+import msgspec
 
 from turnkeeper.core import gc_paused
 from turnkeeper.events import Envelope
@@ -27,8 +28,8 @@ Reopen = Callable[[], Awaitable[EventLog]]
 """Opens the log anew, for a log whose open instance does not see what another process
 appends (a JsonlLog holds what its directory held when it opened)."""
 
-# Events read at a time: a read and its fold take a few milliseconds, so a request's
-# budget is kept to within one of them.
+# Events read at a time: a read and its fold take tens of milliseconds, so a request
+# keeps to its budget within one of them.
 _PAGE = 5_000
 # How often a read of a session's events (a tail) looks at the log again, when the log
 # is not a Host's, which would wake it.
@@ -48,14 +49,13 @@ class _Entry(Tracker):
         self.listed: ListedStatus = "idle"
 
 
-class Page:
+class Page(msgspec.Struct, frozen=True):
     """A page of the session list: its sessions, the cursor of the next page (None at the
     end) and how many sessions match the filter in all."""
 
-    def __init__(self, sessions: list[SessionSummary], next_cursor: int | None, matched: int):
-        self.sessions = sessions
-        self.next_cursor = next_cursor
-        self.matched = matched
+    sessions: list[SessionSummary]
+    next_cursor: int | None
+    matched: int
 
 
 class Catalog:

@@ -10,7 +10,7 @@ EXTRAS ?= dev,embedded,mcp,otel
 # built for AVX2 (any x86-64 server of the last decade) it runs.
 LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
 
-.PHONY: setup demo lint typecheck docs test bench
+.PHONY: setup demo lint typecheck docs chromium test bench
 
 $(VENV)/.installed-$(EXTRAS): pyproject.toml
 	@echo "Setting up $(VENV) with turnkeeper and its extras ($(EXTRAS))."
@@ -40,7 +40,22 @@ typecheck: setup
 docs: setup
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 
-test: lint typecheck docs
+# The inspector's browser tests drive Debian's Chromium (Playwright's own browser download
+# is not reachable from the build machines): installed here when missing and make runs as
+# root, else one line says what is missing and the tests are not run.
+CHROMIUM ?= /usr/bin/chromium
+
+chromium:
+	@if [ -x $(CHROMIUM) ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "installing chromium for the browser tests (apt-get)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	else \
+		echo "make test: the browser tests need Chromium at $(CHROMIUM): run 'apt-get install chromium' as root"; \
+		exit 1; \
+	fi
+
+test: lint typecheck docs chromium
 	$(PY) -m pytest -q
 
 bench: setup

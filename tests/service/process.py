@@ -19,7 +19,8 @@ TOKEN = "test-token-" + "x" * 20
 
 
 class ServerProcess:
-    """`python -m tests.service.server_main` on a free port, logging to `log_path`."""
+    """`python -m <module>` (default: tests.service.server_main) on a free port, logging to
+    `log_path`."""
 
     def __init__(
         self,
@@ -29,8 +30,10 @@ class ServerProcess:
         ping: float = 0.5,
         token: str | None = TOKEN,
         options: Sequence[str] = (),
+        module: str = "tests.service.server_main",
     ) -> None:
-        """`options`: more of server_main's command-line options."""
+        """`options`: more of the module's command-line options (server_main's by default)."""
+        self.module = module
         self.log_path = log_path
         self.options = tuple(options)
         self.stderr_path = stderr_path
@@ -50,7 +53,7 @@ class ServerProcess:
                 [
                     sys.executable,
                     "-m",
-                    "tests.service.server_main",
+                    self.module,
                     "--log",
                     str(self.log_path),
                     "--ping",

@@ -56,7 +56,7 @@ async def test_every_route_is_documented_and_every_documented_route_exists() -> 
         for method in route.methods or ()
         if method != "HEAD"
     }
-    assert len(served) == 11
+    assert len(served) == 15
     assert served == documented()
 
 
@@ -177,6 +177,64 @@ async def test_responses_match_their_documented_schemas() -> None:
                 check(response, path, method)
 
 
+@pytest.mark.anyio
+async def test_the_inspectors_responses_match_their_documented_schemas() -> None:
+    async with Host(chat=chat, tools={"lookup": lookup}) as host:
+        app = create_app(host, token=TOKEN, limits=LIMITS)
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app),
+            base_url="http://service",
+            headers={"Authorization": f"Bearer {TOKEN}"},
+        ) as client:
+            spec = msgspec.to_builtins(LOOKUP_SPEC)
+            created = await client.post("/v1/sessions", json={"spec": spec, "prompt": "q"})
+            session_id = created.json()["session_id"]
+            await client.get(f"/v1/sessions/{session_id}", params={"wait": 10})
+            one = "/v1/sessions/{session_id}"
+            listing = await client.get("/v1/inspector/sessions", params={"status": "idle"})
+            assert [s["session_id"] for s in listing.json()["sessions"]] == [session_id]
+            check(listing, "/v1/inspector/sessions", "get")
+            view = await client.get(f"/v1/inspector/sessions/{session_id}")
+            assert view.json()["session"]["status"] == "idle"
+            check(view, "/v1/inspector/sessions/{session_id}", "get")
+            rechecked = await client.post(
+                f"/v1/sessions/{session_id}/recheck", json={"guards": {"max_turns": None}}
+            )
+            assert rechecked.json()["divergence"] is None
+            check(rechecked, one + "/recheck", "post")
+            diverged = await client.post(
+                f"/v1/sessions/{session_id}/recheck",
+                json={"guards": {"budget": {"max_seconds": 1e-6}}},
+            )
+            assert diverged.json()["divergence"]["poll"] >= 1
+            check(diverged, one + "/recheck", "post")
+            retried = await client.post(f"/v1/sessions/{session_id}/retry")
+            assert retried.json()["status"] == "idle"
+            check(retried, one + "/retry", "post")
+            await client.post(f"/v1/sessions/{session_id}/cancel")
+            for response, path, method in [
+                (await client.post(f"/v1/sessions/{session_id}/retry"), one + "/retry", "post"),
+                (await client.post("/v1/sessions/nope/retry"), one + "/retry", "post"),
+                (
+                    await client.post("/v1/sessions/nope/recheck", json={"guards": {}}),
+                    one + "/recheck",
+                    "post",
+                ),
+                (
+                    await client.get("/v1/inspector/sessions/nope"),
+                    "/v1/inspector/sessions/{session_id}",
+                    "get",
+                ),
+                (
+                    await client.get("/v1/inspector/sessions", params={"cursor": "x"}),
+                    "/v1/inspector/sessions",
+                    "get",
+                ),
+            ]:
+                assert response.status_code in (404, 409, 422), response.text
+                check(response, path, method)
+
+
 LIMIT = LIMITS.max_page
 TEXT = LIMITS.max_text_chars
 HISTORY = LIMITS.max_history_messages
@@ -248,6 +306,10 @@ GUARDS: list[tuple[str, str, object, bool]] = [
     ("small_model", "max_result_chars", 0, True),
     ("small_model", "max_result_chars", 1, False),
     ("loop", "warning", 1, True),
+    ("self_feeding", "max_links", 0, True),
+    ("self_feeding", "max_links", 1, False),
+    ("self_feeding", "warnings", -1, True),
+    ("self_feeding", "warnings", 0, False),
 ]
 BODIES += [
     (CREATE, {"guards": {guard: {setting: value}}}, refused)
@@ -284,6 +346,29 @@ PARAMETERS: list[tuple[str, str, object, bool]] = [
     ("/v1/sessions/{session_id}/events", "wait", -0.5, True),
     ("/v1/sessions/{session_id}/events", "wait", 0.01, False),
     ("/v1/sessions/{session_id}", "wait", -1, True),
+    ("/v1/inspector/sessions", "status", "idle", False),
+    ("/v1/inspector/sessions", "status", "unreadable", False),
+    ("/v1/inspector/sessions", "status", "sleeping", True),
+    ("/v1/inspector/sessions", "status", "", True),
+    ("/v1/inspector/sessions", "search", "x" * 200, False),
+    ("/v1/inspector/sessions", "search", "x" * 201, True),
+    ("/v1/inspector/sessions", "cursor", "12", False),
+    ("/v1/inspector/sessions", "cursor", "9" * 18, False),
+    ("/v1/inspector/sessions", "cursor", "9" * 19, True),
+    ("/v1/inspector/sessions", "cursor", "x", True),
+    ("/v1/inspector/sessions", "limit", 0, True),
+    ("/v1/inspector/sessions", "limit", LIMIT, False),
+    ("/v1/inspector/sessions", "limit", LIMIT + 1, True),
+]
+# Re-check bodies, for a session whose log has the default guards.
+RECHECK_BODIES: list[tuple[dict[str, Any], bool]] = [
+    ({"guards": {guard: {setting: value}}}, refused) for guard, setting, value, refused in GUARDS
+] + [
+    ({"guards": {}}, False),
+    ({"guards": {"loop": None, "budget": {"max_tokens": 5}}}, False),
+    ({}, True),
+    ({"guards": {}, "more": 1}, True),
+    ({"guards": {"loop": 3}}, True),
 ]
 
 
@@ -320,3 +405,9 @@ async def test_the_schemas_refuse_what_the_server_refuses_and_take_what_it_takes
                 assert (response.status_code == 422) == refused, (name, value, response.text)
                 problems = validate(parameter_schema(path, name), value)
                 assert bool(problems) == refused, (name, value, problems)
+            recheck = "/v1/sessions/{session_id}/recheck"
+            for body, refused in RECHECK_BODIES:
+                response = await client.post(recheck.format(session_id=session_id), json=body)
+                assert (response.status_code == 422) == refused, (body, response.text)
+                problems = validate(body_schema("POST", recheck), body)
+                assert bool(problems) == refused, (body, problems)

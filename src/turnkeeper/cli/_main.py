@@ -1,4 +1,4 @@
-"""The `turnkeeper` command: run, replay, sessions, export, check, serve, model serve.
+"""The `turnkeeper` command: run, replay, sessions, export, check, serve, ui, model serve.
 
 Exit codes: 0 the run answered (replay: the outcome would be the same; check: no damage);
 1 the run was stopped without an answer (replay --guards: the outcome would differ; check:
@@ -31,6 +31,7 @@ from turnkeeper.cli._model import ModelServeOptions, model_serve_command
 from turnkeeper.cli._parser import UsageError, build_parser
 from turnkeeper.cli._run import RunOptions, run_command
 from turnkeeper.cli._serve import ServeOptions, serve_command
+from turnkeeper.cli._ui import UiOptions, ui_command
 from turnkeeper.core import TurnkeeperError
 
 _COMMANDS: dict[str, tuple[type[msgspec.Struct], Callable[[Any], Awaitable[int]]]] = {
@@ -40,6 +41,7 @@ _COMMANDS: dict[str, tuple[type[msgspec.Struct], Callable[[Any], Awaitable[int]]
     "export": (ExportOptions, export_command),
     "check": (CheckOptions, check_command),
     "serve": (ServeOptions, serve_command),
+    "ui": (UiOptions, ui_command),
     "model serve": (ModelServeOptions, model_serve_command),
 }
 

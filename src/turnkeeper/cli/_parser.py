@@ -207,4 +207,27 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="a llama-cpp-python chat format, for weights whose GGUF has no chat template",
     )
+
+    ui = commands.add_parser(
+        "ui",
+        help="serve the session inspector over a log, read-only, on 127.0.0.1",
+        description="Serve the session inspector (the session list and each session's "
+        "timeline, live, and the what-if re-check) over a log, in the browser, on "
+        "127.0.0.1. It only reads the log, so it can run beside the process writing it. "
+        "Prints the address to open.",
+    )
+    ui.add_argument(
+        "log",
+        type=_text("a path"),
+        metavar="LOG",
+        help="a JsonlLog directory or SQLite file (read as it grows), or a .jsonl file",
+    )
+    ui.add_argument("--port", type=_port, default=8765, help="default 8765; 0 for any free one")
+    ui.add_argument(
+        "--token-file",
+        type=_text("a path"),
+        metavar="PATH",
+        help="a file holding the bearer token (default: TURNKEEPER_TOKEN, else a new one, "
+        "given in the printed address)",
+    )
     return parser

@@ -33,18 +33,18 @@ class ServeOptions(msgspec.Struct, frozen=True):
     token_file: str | None
 
 
-async def _given_token(options: ServeOptions) -> str | None:
+async def given_token(token_file: str | None) -> str | None:
     """The token from `--token-file` (its first line), else None (the service then takes
     TURNKEEPER_TOKEN, or makes one)."""
-    if options.token_file is None:
+    if token_file is None:
         return None
-    data = await anyio.Path(Path(options.token_file)).read_bytes()
+    data = await anyio.Path(Path(token_file)).read_bytes()
     try:
         token = data.decode().strip()
     except UnicodeDecodeError:
-        raise InputError(f"--token-file {options.token_file}: not UTF-8 text") from None
+        raise InputError(f"--token-file {token_file}: not UTF-8 text") from None
     if not token or "\n" in token:
-        raise InputError(f"--token-file {options.token_file}: expected one line, the token")
+        raise InputError(f"--token-file {token_file}: expected one line, the token")
     return token
 
 
@@ -62,7 +62,7 @@ async def serve_command(options: ServeOptions) -> int:
     # loop's thread, busy with sessions, would otherwise keep it for up to Python's 5 ms
     # switch interval each time, and every append of the round waits that long.
     sys.setswitchinterval(_SWITCH_INTERVAL)
-    token = await _given_token(options)
+    token = await given_token(options.token_file)
     made_up = token is None and not os.environ.get(TOKEN_VARIABLE)
 
     def ready(listening: Listening) -> None:

@@ -1,4 +1,5 @@
-"""The HTTP API for orchestrators: Starlette over a Host, served by hypercorn on trio."""
+"""The HTTP API for orchestrators (Starlette over a Host, served by hypercorn on trio) and
+the session inspector's pages."""
 
 from turnkeeper.service._app import create_app
 from turnkeeper.service._auth import TOKEN_VARIABLE
@@ -14,9 +15,15 @@ from turnkeeper.service._schemas import (
     Health,
     PostMessage,
     PostToolResults,
+    Recheck,
+    RecheckRequest,
+    SessionList,
     SessionPage,
+    SessionView,
 )
 from turnkeeper.service._serve import Listening, serve
+from turnkeeper.service._summary import ListedStatus, SessionSummary
+from turnkeeper.service._ui_serve import serve_inspector
 
 __all__ = [
     "DEFAULT_LIMITS",
@@ -29,11 +36,18 @@ __all__ = [
     "EventPage",
     "Health",
     "Limits",
+    "ListedStatus",
     "Listening",
     "PostMessage",
     "PostToolResults",
+    "Recheck",
+    "RecheckRequest",
+    "SessionList",
     "SessionPage",
+    "SessionSummary",
+    "SessionView",
     "create_app",
     "openapi_document",
     "serve",
+    "serve_inspector",
 ]

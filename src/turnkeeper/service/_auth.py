@@ -45,16 +45,25 @@ def bearer_problem(authorization: bytes | None, token: bytes) -> str | None:
 
 
 class BearerAuth:
-    """ASGI middleware: HTTP requests outside `public` paths need `Bearer <token>`."""
+    """ASGI middleware: HTTP requests outside `public` paths, and paths under none of the
+    `public_prefixes`, need `Bearer <token>`."""
 
-    def __init__(self, app: ASGIApp, *, token: str, public: frozenset[str]) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        token: str,
+        public: frozenset[str],
+        public_prefixes: tuple[str, ...] = (),
+    ) -> None:
         check_token(token)
         self.app = app
         self.token = token.encode()
         self.public = public
+        self.public_prefixes = public_prefixes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] not in self.public:
+        if scope["type"] == "http" and not self._public(scope["path"]):
             header = next(
                 (value for name, value in scope["headers"] if name == b"authorization"), None
             )
@@ -64,3 +73,6 @@ class BearerAuth:
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+    def _public(self, path: str) -> bool:
+        return path in self.public or path.startswith(self.public_prefixes)

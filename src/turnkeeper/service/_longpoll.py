@@ -1,18 +1,26 @@
-"""Waiting on the host for a client, cut short when the service starts to stop or the
-client goes away."""
+"""Waiting on the host (or another source of events) for a client, cut short when the
+service starts to stop or the client goes away."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import anyio
 from starlette.requests import Request
 
 from turnkeeper.events import Envelope
-from turnkeeper.sessions import Host
 
 _T = TypeVar("_T")
+
+
+class EventSource(Protocol):
+    """Where a session's events are read from: a Host, or the inspector's catalog of a log
+    another process writes."""
+
+    async def events(
+        self, session_id: str, *, after: int = 0, wait: float = 0.0
+    ) -> list[Envelope]: ...
 
 
 async def client_gone(request: Request) -> None:
@@ -62,7 +70,7 @@ async def unless_stopping(
 
 
 async def events_or_stop(
-    host: Host,
+    source: EventSource,
     session_id: str,
     *,
     after: int,
@@ -73,6 +81,6 @@ async def events_or_stop(
     """The session's events after seq `after`, waiting up to `wait` seconds for one;
     [] once `stopping` is set or the client has gone."""
     found = await unless_stopping(
-        stopping, lambda: host.events(session_id, after=after, wait=wait), gone
+        stopping, lambda: source.events(session_id, after=after, wait=wait), gone
     )
     return found or []

@@ -28,13 +28,28 @@ from turnkeeper.service._schemas import (
     Health,
     PostMessage,
     PostToolResults,
+    Recheck,
+    RecheckRequest,
+    SessionList,
     SessionPage,
+    SessionView,
 )
+from turnkeeper.service._summary import LISTED_STATUSES
 from turnkeeper.sessions import SessionInfo
 
 _REF = "#/components/schemas/{name}"
-_BODIES = (CreateSession, PostMessage, PostToolResults)
-_RESPONSES = (Created, SessionInfo, SessionPage, EventPage, Health, ErrorBody)
+_BODIES = (CreateSession, PostMessage, PostToolResults, RecheckRequest)
+_RESPONSES = (
+    Created,
+    SessionInfo,
+    SessionPage,
+    EventPage,
+    Health,
+    ErrorBody,
+    Recheck,
+    SessionList,
+    SessionView,
+)
 _INPUT = "Input"
 
 # Tool and MCP server names. `(?!\n)`: read by Python (jsonschema), `$` also matches
@@ -147,6 +162,9 @@ def openapi_document(limits: Limits) -> dict[str, Any]:
             ("PostMessage", "postMessage"),
             ("PostToolResults", "postToolResults"),
             ("CancelSession", "cancelSession"),
+            ("RetrySession", "retrySession"),
+            ("RecheckSession", "recheckSession"),
+            ("InspectSession", "inspectSession"),
             ("ListEvents", "listEvents"),
             ("StreamEvents", "streamEvents"),
         ]
@@ -215,6 +233,33 @@ def openapi_document(limits: Limits) -> dict[str, Any]:
                 errors=(401, 404, 503),
             )
         },
+        "/v1/sessions/{session_id}/retry": {
+            "post": _operation(
+                "retrySession",
+                "Make an errored session's failed model call again",
+                "A session is `errored` when its model stayed unreachable after the retries; "
+                "this makes the call again now (so does a new message). Of a session that is "
+                "not errored it does nothing; a failed or cancelled one is refused (409).",
+                parameters=[_SESSION_ID],
+                ok=("200", "The session", _json(SessionInfo)),
+                errors=(401, 404, 409, 503),
+            )
+        },
+        "/v1/sessions/{session_id}/recheck": {
+            "post": _operation(
+                "recheckSession",
+                "What other guards would have done over the session's log (what-if)",
+                f"{body_limits}. Re-derives the guards' events from the logged inputs and "
+                "model responses under `guards`, without calling any model, and answers "
+                "the first poll where they differ from the log's. With the session's own "
+                "configuration this is a determinism check. A guard setting out of range is "
+                "refused (422) naming it; a log that is not one session's is a 409.",
+                parameters=[_SESSION_ID],
+                body=RecheckRequest,
+                ok=("200", "The re-check's answer", _json(Recheck)),
+                errors=(400, 401, 404, 408, 409, 413, 415, 422, 503),
+            )
+        },
         "/v1/sessions/{session_id}/events": {
             "get": _operation(
                 "listEvents",
@@ -246,6 +291,58 @@ def openapi_document(limits: Limits) -> dict[str, Any]:
                 ],
                 ok=("200", "The event stream", {"text/event-stream": {"schema": _SSE_EVENT}}),
                 errors=(401, 404, 422, 503),
+            )
+        },
+        "/v1/inspector/sessions": {
+            "get": _operation(
+                "listInspectedSessions",
+                "The log's sessions, the most recently active first, a page at a time",
+                "What the inspector's list shows: each session's summary from its log, with "
+                "counts by status. Filtered by `status` and by `search` (part of the id, any "
+                "case). Each request reads on in the log for a moment; while `indexing` is "
+                "true it has not read all of it.",
+                parameters=[
+                    {
+                        "name": "status",
+                        "in": "query",
+                        "schema": {"enum": list(LISTED_STATUSES)},
+                        "description": "Only the sessions with this status.",
+                    },
+                    {
+                        "name": "search",
+                        "in": "query",
+                        "schema": {"type": "string", "maxLength": 200},
+                        "description": "Only the sessions whose id holds this (any case).",
+                    },
+                    {
+                        "name": "limit",
+                        "in": "query",
+                        "schema": {
+                            "type": "integer",
+                            "minimum": 1,
+                            "maximum": limits.max_page,
+                            "default": 50,
+                        },
+                        "description": "The most sessions in one page.",
+                    },
+                    {
+                        "name": "cursor",
+                        "in": "query",
+                        "schema": {"type": "string", "pattern": "^[0-9]{1,18}$"},
+                        "description": "The `next_cursor` of the previous page.",
+                    },
+                ],
+                ok=("200", "A page of sessions", _json(SessionList)),
+                errors=(401, 422, 503),
+            )
+        },
+        "/v1/inspector/sessions/{session_id}": {
+            "get": _operation(
+                "inspectSession",
+                "One session's summary, from its log",
+                parameters=[_SESSION_ID],
+                ok=("200", "The session's summary", _json(SessionView)),
+                errors=(401, 404, 503),
             )
         },
         "/v1/healthz": {"get": health},
@@ -387,6 +484,7 @@ def _request_rules(limits: Limits) -> dict[str, dict[str, dict[str, Any]]]:
         },
         "ConsecutiveErrors": {"threshold": {"minimum": 1}},
         "LoopDetection": {"warnings": {"minimum": 0}},
+        "SelfFeeding": {"max_links": {"minimum": 1}, "warnings": {"minimum": 0}},
         "TerminalTool": {"max_reprompts": {"minimum": 0}},
         "Budget": {"max_tokens": {"minimum": 1}, "max_seconds": _SECONDS},
         "SmallModel": {"window_turns": {"minimum": 1}, "max_result_chars": {"minimum": 1}},

@@ -8,7 +8,8 @@ import msgspec
 
 from turnkeeper.core import AgentSpec, GuardConfig, ToolResult
 from turnkeeper.events import Envelope
-from turnkeeper.sessions import SessionInfo
+from turnkeeper.service._summary import ListedStatus, SessionSummary
+from turnkeeper.sessions import Divergence, SessionInfo
 
 SessionId = Annotated[
     str,
@@ -67,6 +68,52 @@ class EventPage(msgspec.Struct, frozen=True):
 
     events: list[Envelope]
     next_after: int
+
+
+class RecheckRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A guard configuration to re-check a session's log under: every guard, as a new
+    session's `guards` (a guard left out takes its default; `null` turns it off)."""
+
+    guards: GuardConfig
+
+
+class Recheck(msgspec.Struct, frozen=True):
+    """What the guards of `guards` would have done over the session's logged inputs and
+    responses, with no model call: `divergence` is the first poll where they would have
+    done otherwise than the log shows (null: the same at every poll). `events` is how
+    many logged events were re-checked (the session's log as it stood)."""
+
+    guards: GuardConfig
+    events: int
+    divergence: Divergence | None
+
+
+class SessionList(msgspec.Struct, frozen=True):
+    """A page of the log's sessions, the most recently active first. `counts` (by status)
+    and `total` count every session read so far, `matched` those the filter takes; pass
+    `next_cursor` as `cursor` for the next page (null: no more). `indexing`: the service
+    has not read the whole log yet, and reads on at each request. `live`: the service
+    runs the sessions, which take messages, tool results, cancels and retries; otherwise
+    it only reads the log `source` describes."""
+
+    sessions: list[SessionSummary]
+    next_cursor: str | None
+    counts: dict[ListedStatus, int]
+    total: int
+    matched: int
+    indexing: bool
+    live: bool
+    source: str
+
+
+class SessionView(msgspec.Struct, frozen=True):
+    """One session's summary, read from the log now; `live` and `source` as in a
+    `SessionList`; `max_page` the most events a request for them may ask for."""
+
+    session: SessionSummary
+    live: bool
+    source: str
+    max_page: int
 
 
 class Health(msgspec.Struct, frozen=True):

@@ -7,8 +7,7 @@ from collections.abc import AsyncIterator
 import anyio
 
 from turnkeeper.events import Envelope, encode_envelope
-from turnkeeper.service._longpoll import events_or_stop
-from turnkeeper.sessions import Host
+from turnkeeper.service._longpoll import EventSource, events_or_stop
 
 PING = b": ping\n\n"
 
@@ -23,7 +22,7 @@ def sse_event(envelope: Envelope) -> bytes:
 
 
 async def event_stream(
-    host: Host, session_id: str, *, after: int, ping_seconds: float, stopping: anyio.Event
+    source: EventSource, session_id: str, *, after: int, ping_seconds: float, stopping: anyio.Event
 ) -> AsyncIterator[bytes]:
     """The session's events after seq `after` as they are logged, with a ping comment
     after each `ping_seconds` without one (so proxies keep the connection open); ends
@@ -31,7 +30,7 @@ async def event_stream(
     while not stopping.is_set():
         # StreamingResponse itself ends the stream when the client goes away.
         found = await events_or_stop(
-            host,
+            source,
             session_id,
             after=after,
             wait=ping_seconds,

@@ -162,7 +162,8 @@ def _print(report: _Report, name: str) -> None:
         print("  ".join([*padded, cells[3]]).rstrip())
     damaged = sum(row.damaged for row in report.rows)
     sound = len(report.rows) - damaged
-    print(f"{name}: {len(report.rows)} sessions: {sound} sound, {damaged} damaged")
+    count = len(report.rows)
+    print(f"{name}: {count} session{'' if count == 1 else 's'}: {sound} sound, {damaged} damaged")
     for line in [*report.damage, *report.notes]:
         print(f"{name}: {line}")
 

@@ -113,7 +113,12 @@ def begin_poll(
         log.push(Halted(guard=halt.guard, reason=halt.reason, message=halt.message), now)
         return log.events, log.state, None
     for directive in verdict.directives:
-        log.push(DirectiveInjected(guard=directive.guard, text=directive.text), now)
+        log.push(
+            DirectiveInjected(
+                guard=directive.guard, text=directive.text, counts=directive.counts
+            ),
+            now,
+        )
     return log.events, log.state, build_request(log.state)
 
 
@@ -259,7 +264,12 @@ def end_poll(
         log.push(TerminalToolCalled(tool_call_id=use.id, name=use.name, result=use.input), now)
     elif verdict.directives:
         for directive in verdict.directives:
-            log.push(DirectiveInjected(guard=directive.guard, text=directive.text), now)
+            log.push(
+                DirectiveInjected(
+                    guard=directive.guard, text=directive.text, counts=directive.counts
+                ),
+                now,
+            )
     elif verdict.replacement is not None and not reply.calls:
         replacement = verdict.replacement
         log.push(ReplyReplaced(guard=replacement.guard, text=replacement.text), now)

@@ -1,6 +1,7 @@
 """Sessions: state, inputs, poll_turn, normalize, and running a session to completion."""
 
 from turnkeeper.core import AgentSpec, Chat, ChatError, ToolResult, ToolSpec, ToolUse, Usage
+from turnkeeper.sessions._driver import poll_turn
 from turnkeeper.sessions._host import (
     Busy,
     Host,
@@ -21,7 +22,6 @@ from turnkeeper.sessions._poll import (
     end_poll,
     failure_events,
     opened_event,
-    poll_turn,
 )
 from turnkeeper.sessions._recheck import Divergence, recheck
 from turnkeeper.sessions._run import EventCallback, RunResult, TurnGuard, run

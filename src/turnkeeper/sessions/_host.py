@@ -23,7 +23,7 @@ import structlog
 
 from turnkeeper.core import (
     AgentSpec,
-    ChatError,
+    Chat,
     GuardConfig,
     InputError,
     LogCorrupt,
@@ -53,35 +53,30 @@ from turnkeeper.events import (
 )
 from turnkeeper.guards import Guard, default_guards
 from turnkeeper.logs import LARGEST_SEQ, EventLog, MemoryLog, SeqConflict, check_batch
-from turnkeeper.providers import collecting_events
+from turnkeeper.sessions._driver import answer, call_model
 from turnkeeper.sessions._inputs import Input, Kickoff, Resume, UserMessage
 from turnkeeper.sessions._open import open_session
 from turnkeeper.sessions._poll import (
-    Chat,
     begin_poll,
     build_request,
     check_results,
     emit,
-    end_poll,
-    failure_events,
     opened_event,
 )
 from turnkeeper.sessions._rebuild import rebuilt_on, runs_by_page
 from turnkeeper.sessions._slots import Slots
+from turnkeeper.sessions._tool_runner import ToolRunner
 from turnkeeper.state import SessionState, replay
 from turnkeeper.tools import (
     McpPool,
     McpTools,
-    ToolContext,
     Tools,
     as_handler,
     check_call,
     coerce_call,
     handled_as_error,
-    run_each,
-    run_tool,
 )
-from turnkeeper.tracing import AgentSpan, agent_span, capture_context, tool_span, traced_chat
+from turnkeeper.tracing import AgentSpan, agent_span, capture_context, traced_chat
 
 HostStatus = Literal[
     "running", "requires_action", "idle", "errored", "halted", "failed", "cancelled"
@@ -241,6 +236,32 @@ def _logged(last: Envelope) -> tuple[bool, str | None]:
 def _session_of(state: SessionState, last: Envelope) -> _Session:
     """The host's record of a session rebuilt from its log, `last` its last event."""
     return _Session(state, _logged(last))
+
+
+class _HostCalls:
+    """What the host does around each call it runs (`ToolCalls`): its `local.tool_call` is
+    logged before (`Host._announce`), its result after, with the step's others
+    (`Host._advance_tools`); MCP server failures are kept to be logged when the calls
+    are done. Refused and failed calls count as tool errors."""
+
+    def __init__(self, host: Host, session: _Session) -> None:
+        self.host = host
+        self.session = session
+        self.failures: list[McpFailed] = []
+
+    def refusal(self, use: ToolUse) -> str | None:
+        return self.session.refusal(self.session.state, use)
+
+    async def starting(self, use: ToolUse) -> ToolUse:
+        coerced = self.session.announced.get(use.id)
+        return coerced if coerced is not None else coerce_call(self.session.state.spec, use)
+
+    async def failed(self, failure: McpFailed) -> None:
+        self.failures.append(failure)
+
+    async def finished(self, use: ToolUse, result: ToolResult, *, ran: bool) -> None:
+        if result.is_error:
+            self.host._count("tool_errors")
 
 
 class Host:
@@ -1069,38 +1090,16 @@ class Host:
         """Run the calls concurrently, at most `tool_concurrency` at a time and started in
         call order (bad calls are answered without running); results in call order. MCP
         server failures are logged as they come back."""
-        results: dict[str, ToolResult] = {}
-        failures: list[McpFailed] = []
-
-        async def one(use: ToolUse) -> None:
-            refusal = session.refusal(session.state, use)
-            if refusal is not None:
-                results[use.id] = ToolResult(use.id, refusal, is_error=True)
-                self._count("tool_errors")
-                return
-            coerced = session.announced.get(use.id)
-            use = coerced if coerced is not None else coerce_call(session.state.spec, use)
-            ctx = ToolContext(session.state.session_id, use.id, use.name)
-            mcp = session.mcp
-            failure: McpFailed | None = None
-            with tool_span(use, session.state.spec.tool(use.name)) as span:
-                if mcp is not None and mcp.serves(use.name):
-                    result, failure = await mcp.call(use, ctx, timeout=self.tool_timeout)
-                else:
-                    assert self._handler is not None
-                    result = await run_tool(self._handler, use, ctx, timeout=self.tool_timeout)
-                span.result(result, failure)
-            results[use.id] = result
-            if failure is not None:
-                failures.append(failure)
-            if result.is_error:
-                self._count("tool_errors")
-
-        await run_each(one, uses, limit=self.tool_concurrency)
-        if failures:
+        calls = _HostCalls(self, session)
+        runner = ToolRunner(self._handler, timeout=self.tool_timeout, limit=self.tool_concurrency)
+        state = session.state
+        results = await runner.run(
+            uses, calls, session_id=state.session_id, spec=state.spec, mcp=session.mcp
+        )
+        if calls.failures:
             async with session.lock:
-                await self._commit_events(session, failures)
-        return [results[use.id] for use in uses]
+                await self._commit_events(session, calls.failures)
+        return results
 
     async def _poll(self, session: _Session, given: Input) -> None:
         """Log the poll's input and guard events (the caller makes its model call). A
@@ -1124,32 +1123,19 @@ class Host:
                 slots.give_back()
                 return
         self._count("model_calls")
-        response: object = None
-        failure: ChatError | None = None
-        with collecting_events() as reported:
-            try:
-                response = await self.chat(build_request(session.state))
-            except ChatError as error:
-                failure = error
-            finally:
-                if slots is not None:
-                    slots.give_back()
+        try:
+            called = await call_model(self.chat, build_request(session.state))
+        finally:
+            if slots is not None:
+                slots.give_back()
         async with session.lock:
             # The state as it is now: messages may have been queued during the call.
-            state = session.state
-            if failure is None:
-                try:
-                    events, ended = end_poll(
-                        state, response, now=self.clock(), guard=self.guard, reported=reported
-                    )
-                except ChatError as error:
-                    failure = error
+            events, ended, failure = answer(
+                called, session.state, guard=self.guard, clock=self.clock
+            )
             if failure is not None:
                 self._count("chat_errors")
-                failed = failure_events(
-                    state, failure, reported, at=self.clock(), response=response
-                )
-                await self._commit(session, list(failed), _advance_seq(state, len(failed)))
+                await self._commit(session, events, ended)
                 session.errored = True
                 session.error = failure.message
                 self._note(session)
@@ -1462,11 +1448,6 @@ def _describe(exc: BaseException) -> str:
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
     return f"{type(exc).__name__}: {exc}"
-
-
-def _advance_seq(state: SessionState, count: int) -> SessionState:
-    """The state after `count` events that change nothing but the seq."""
-    return msgspec.structs.replace(state, seq=state.seq + count)
 
 
 def _halt_message(state: SessionState) -> str | None:

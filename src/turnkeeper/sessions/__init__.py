@@ -2,9 +2,9 @@
 
 from turnkeeper.core import AgentSpec, Chat, ChatError, ToolResult, ToolSpec, ToolUse, Usage
 from turnkeeper.sessions._driver import poll_turn
-from turnkeeper.sessions._host import (
+from turnkeeper.sessions._host import Host
+from turnkeeper.sessions._host_records import (
     Busy,
-    Host,
     HostStatus,
     HostStopped,
     SessionInfo,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import msgspec
 
@@ -26,16 +26,19 @@ from turnkeeper.sessions._poll import begin_poll, build_request, end_poll, failu
 from turnkeeper.state import SessionState
 
 
-class Called(NamedTuple):
+class Called(msgspec.Struct, frozen=True, gc=False):
     """The outcome of one model call: the response (None if it failed), the ChatError it
-    failed with, and the events the backend reported during it (retries, say)."""
+    failed with, and the events the backend reported during it (retries, say).
+
+    Structs, this and `Answer`, not NamedTuples: one of each per model call, and a Struct
+    is made in a fifth of the time."""
 
     response: object
     failure: ChatError | None
     reported: list[AnyEvent]
 
 
-class Answer(NamedTuple):
+class Answer(msgspec.Struct, frozen=True, gc=False):
     """What a model call logs: its events, the state they lead to, and its failure (None
     when the model answered)."""
 

@@ -289,9 +289,8 @@ class HostActor(HostBase):
                 slots.give_back()
         async with session.lock:
             # The state as it is now: messages may have been queued during the call.
-            events, ended, failure = answer(
-                called, session.state, guard=self.guard, clock=self.clock
-            )
+            answered = answer(called, session.state, guard=self.guard, clock=self.clock)
+            events, ended, failure = answered.events, answered.state, answered.failure
             if failure is not None:
                 self._count("chat_errors")
                 await self._commit(session, events, ended)

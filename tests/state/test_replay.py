@@ -36,7 +36,7 @@ from turnkeeper.events import (
 )
 from turnkeeper.logs import decode_jsonl, encode_jsonl
 from turnkeeper.providers import ScriptedChat, text_response, tool_response, with_retry
-from turnkeeper.sessions import RunResult, open_session, opened_event, run
+from turnkeeper.sessions import RunResult, open_session, opened_event, recheck, run
 from turnkeeper.state._replay import replay
 
 SPEC = AgentSpec(
@@ -256,3 +256,4 @@ async def test_an_old_log_of_loop_warnings_and_reprompts_replays_to_the_same_sta
         old = _as_logged_before_counts(result.events)
         assert old == list(result.events)
         assert replay(old) == result.state
+        assert recheck(old) is None

@@ -11,6 +11,7 @@ import msgspec
 import pytest
 
 from turnkeeper.core import AgentSpec, Budget, GuardConfig, LogCorrupt, ToolResult, ToolSpec, Usage
+from turnkeeper.events import Counts
 from turnkeeper.events._codec import decode_envelope, encode_envelope
 from turnkeeper.events._events import (
     AnyEvent,
@@ -295,3 +296,32 @@ def test_decoded_results_are_left_to_reference_counting() -> None:
     assert isinstance(decoded.event, ToolResultsReceived)
     gc.collect()
     assert not gc.is_tracked(decoded.event.results)
+
+
+@pytest.mark.parametrize(
+    ("guard", "counts"), [("loop", "warning"), ("terminal", "reprompt"), ("repair", None)]
+)
+def test_a_directive_logged_before_counts_existed_counts_what_its_guard_did(
+    guard: str, counts: Counts | None
+) -> None:
+    line: dict[str, Any] = {
+        "session_id": "s1",
+        "seq": 4,
+        "at": 1.5,
+        "event": {"type": "local.directive", "guard": guard, "text": "Do better."},
+    }
+    event = decode_envelope(msgspec.json.encode(line)).event
+    assert event == DirectiveInjected(guard=guard, text="Do better.", counts=counts)
+    assert msgspec.json.decode(encode_envelope(Envelope("s1", 4, 1.5, event)))["event"] == {
+        **line["event"],
+        "counts": counts,
+    }
+
+
+def test_a_directive_counts_what_it_says_whatever_its_guard() -> None:
+    choices: tuple[Counts | None, ...] = (None, "warning", "reprompt")
+    for counts in choices:
+        event = DirectiveInjected(guard="loop", text="x", counts=counts)
+        decoded = decode_envelope(encode_envelope(Envelope("s1", 2, 0.0, event))).event
+        assert isinstance(decoded, DirectiveInjected)
+        assert decoded.counts == counts

@@ -461,7 +461,7 @@ async def test_recovery_lets_go_at_rest_sessions_page_by_page(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(
-        "turnkeeper.sessions._host.runs_by_page", lambda log: runs_by_page(log, page=7)
+        "turnkeeper.sessions._host_recovery.runs_by_page", lambda log: runs_by_page(log, page=7)
     )
     log = Watched()
     async with Host(chat=Model(), log=log, max_resting=None) as first:
@@ -490,7 +490,7 @@ async def test_recovery_logs_one_line_per_session_however_the_pages_fall(
             for n in range(9)
         }
     monkeypatch.setattr(
-        "turnkeeper.sessions._host.runs_by_page", lambda log: runs_by_page(log, page=page)
+        "turnkeeper.sessions._host_recovery.runs_by_page", lambda log: runs_by_page(log, page=page)
     )
     caplog.set_level(logging.INFO, logger="turnkeeper.host")
     caplog.clear()

@@ -32,10 +32,11 @@ from turnkeeper.events import (
     TerminalToolCalled,
     ToolCalled,
     ToolReturned,
+    decode_envelope,
 )
 from turnkeeper.logs import decode_jsonl, encode_jsonl
 from turnkeeper.providers import ScriptedChat, text_response, tool_response, with_retry
-from turnkeeper.sessions import RunResult, open_session, opened_event, run
+from turnkeeper.sessions import RunResult, open_session, opened_event, recheck, run
 from turnkeeper.state._replay import replay
 
 SPEC = AgentSpec(
@@ -229,3 +230,30 @@ def test_a_damaged_log_replays_or_raises_only_turnkeeper_errors(
     except TurnkeeperError:
         return
     assert state.seq == len(events)
+
+
+def _as_logged_before_counts(events: tuple[Envelope, ...]) -> list[Envelope]:
+    """`events` as a log written before directives said what they count decodes them: each
+    `local.directive` without its `counts` field."""
+    old = []
+    for envelope in events:
+        line = msgspec.json.decode(msgspec.json.encode(envelope))
+        if line["event"]["type"] == "local.directive":
+            del line["event"]["counts"]
+        old.append(decode_envelope(msgspec.json.encode(line)))
+    return old
+
+
+@pytest.mark.anyio
+async def test_an_old_log_of_loop_warnings_and_reprompts_replays_to_the_same_state() -> None:
+    looping = ScriptedChat([tool_response(("search", {"q": "same"})) for _ in range(10)])
+    warned = await run(SPEC, "Go.", looping, tools={"search": search}, guards=GuardConfig())
+    chatty = ScriptedChat([text_response(f"Answer {n}.") for n in range(5)])
+    reprompted = await run(SPEC, "Go.", chatty, require_terminal_tool=True)
+    assert warned.state.warnings >= 1
+    assert reprompted.state.reprompts == 2
+    for result in (warned, reprompted):
+        old = _as_logged_before_counts(result.events)
+        assert old == list(result.events)
+        assert replay(old) == result.state
+        assert recheck(old) is None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -49,11 +49,27 @@ class ToolResultsReceived(Event, frozen=True, tag="local.tool_results"):
     results: tuple[ToolResult, ...]
 
 
+Counts = Literal["warning", "reprompt"]
+"""What a directive counts in the session's state: a loop warning (`warnings`, and the
+repeats it warned of) or a re-prompt for the terminal tool (`reprompts`)."""
+
+LEGACY_COUNTS: dict[str, Counts] = {"loop": "warning", "terminal": "reprompt"}
+"""What a directive logged without `counts` (before the field existed) counts, by the guard
+that sent it: the fold then told them apart by these names."""
+
+
 class DirectiveInjected(Event, frozen=True, tag="local.directive"):
-    """A guard added a user directive to the history. `guard` names the guard."""
+    """A guard added a user directive to the history. `guard` names the guard; `counts`
+    says what the directive counts in the state (None: nothing). Left out (as in a log
+    written before the field existed), it is what `LEGACY_COUNTS` gives for the guard."""
 
     guard: str
     text: str
+    counts: Counts | msgspec.UnsetType | None = msgspec.UNSET
+
+    def __post_init__(self) -> None:
+        if self.counts is msgspec.UNSET:
+            msgspec.structs.force_setattr(self, "counts", LEGACY_COUNTS.get(self.guard))
 
 
 class ModelResponded(Event, frozen=True, tag="local.model_response"):

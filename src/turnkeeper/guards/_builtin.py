@@ -187,7 +187,7 @@ def loop_detection(view: GuardView) -> Verdict:
             f"You are going in circles: {what} gave the same answer as before. Do not repeat "
             "it. Use the answers you already have, try something different, or finish."
         )
-        return Verdict(directives=(Directive("loop", text),))
+        return Verdict(directives=(Directive("loop", text, counts="warning"),))
     lead = f"I stopped because I was going in circles: {what} kept giving the same answer."
     return Verdict(halt=Halt("loop", "going_in_circles", with_last_result(state, lead)))
 
@@ -218,7 +218,7 @@ def terminal_tool(view: GuardView) -> Verdict:
             f"You have not finished. Call `{terminal}` now with your final answer as its "
             "arguments; do not reply with plain text."
         )
-        return Verdict(directives=(Directive("terminal", text),))
+        return Verdict(directives=(Directive("terminal", text, counts="reprompt"),))
     said = f" Its last reply: {gist(reply.text)}" if reply.text else ""
     lead = f"The model stopped without calling `{terminal}` after {state.reprompts} reminders."
     message = with_last_result(state, lead + said)

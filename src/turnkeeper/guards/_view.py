@@ -8,6 +8,7 @@ from typing import Literal
 import msgspec
 
 from turnkeeper.core import Message, ToolResult, ToolUse, Usage
+from turnkeeper.events import Counts
 from turnkeeper.state import SessionState
 
 Phase = Literal["before_call", "after_response"]
@@ -40,10 +41,12 @@ class GuardView(msgspec.Struct, frozen=True):
 
 
 class Directive(msgspec.Struct, frozen=True):
-    """A user directive a guard adds to the history."""
+    """A user directive a guard adds to the history; `counts` is what it counts in the
+    session's state (see `DirectiveInjected`), None for nothing."""
 
     guard: str
     text: str
+    counts: Counts | None = None
 
 
 class SelfAnswer(msgspec.Struct, frozen=True):

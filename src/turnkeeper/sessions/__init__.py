@@ -1,9 +1,10 @@
 """Sessions: state, inputs, poll_turn, normalize, and running a session to completion."""
 
 from turnkeeper.core import AgentSpec, Chat, ChatError, ToolResult, ToolSpec, ToolUse, Usage
-from turnkeeper.sessions._host import (
+from turnkeeper.sessions._driver import poll_turn
+from turnkeeper.sessions._host import Host
+from turnkeeper.sessions._host_records import (
     Busy,
-    Host,
     HostStatus,
     HostStopped,
     SessionInfo,
@@ -21,7 +22,6 @@ from turnkeeper.sessions._poll import (
     end_poll,
     failure_events,
     opened_event,
-    poll_turn,
 )
 from turnkeeper.sessions._recheck import Divergence, recheck
 from turnkeeper.sessions._run import EventCallback, RunResult, TurnGuard, run

@@ -1,14 +1,12 @@
-"""poll_turn: advance a session by exactly one model call.
+"""The pure halves of a poll, around its model call: `begin_poll` and `end_poll`.
 
-The transition is split into two pure halves around the model call, `begin_poll`
-and `end_poll`, which take the time as an argument; `poll_turn` is the shell that
-reads the clock and awaits the chat backend.
+They take the time as an argument; the model-call driver (`_driver.py`, with
+`poll_turn`) is the shell that reads the clock and awaits the chat backend.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from operator import itemgetter
 from typing import Any
 
@@ -28,7 +26,6 @@ from turnkeeper.core import (
     text_of,
     tool_uses_of,
 )
-from turnkeeper.core import Chat as Chat
 from turnkeeper.events import (
     AnyEvent,
     ChatFailed,
@@ -44,7 +41,6 @@ from turnkeeper.events import (
     ToolResultsReceived,
 )
 from turnkeeper.guards import Guard, GuardView, Reply, default_guards, window
-from turnkeeper.providers import collecting_events
 from turnkeeper.sessions._inputs import Input, Kickoff, Resume, UserMessage
 from turnkeeper.sessions._plain import is_plain_json
 from turnkeeper.state import SessionState, apply_event
@@ -113,7 +109,10 @@ def begin_poll(
         log.push(Halted(guard=halt.guard, reason=halt.reason, message=halt.message), now)
         return log.events, log.state, None
     for directive in verdict.directives:
-        log.push(DirectiveInjected(guard=directive.guard, text=directive.text), now)
+        log.push(
+            DirectiveInjected(guard=directive.guard, text=directive.text, counts=directive.counts),
+            now,
+        )
     return log.events, log.state, build_request(log.state)
 
 
@@ -259,7 +258,12 @@ def end_poll(
         log.push(TerminalToolCalled(tool_call_id=use.id, name=use.name, result=use.input), now)
     elif verdict.directives:
         for directive in verdict.directives:
-            log.push(DirectiveInjected(guard=directive.guard, text=directive.text), now)
+            log.push(
+                DirectiveInjected(
+                    guard=directive.guard, text=directive.text, counts=directive.counts
+                ),
+                now,
+            )
     elif verdict.replacement is not None and not reply.calls:
         replacement = verdict.replacement
         log.push(ReplyReplaced(guard=replacement.guard, text=replacement.text), now)
@@ -410,40 +414,3 @@ def failure_events(
         at,
     )
     return tuple(log.events)
-
-
-async def poll_turn(
-    state: SessionState,
-    input: Input,
-    chat: Chat,
-    *,
-    guard: Guard = default_guards,
-    clock: Callable[[], float] = time.time,
-) -> tuple[tuple[Envelope, ...], SessionState]:
-    """Advance the session by one model call: apply `input`, run the guards, call `chat`.
-
-    Returns the poll's events and the new state. When the model call fails, raises
-    ChatError with `events` to log; the given state stays valid (retry the poll).
-    A state rebuilt in the middle of a poll (`in_poll`) is finished by `Resume()`:
-    the model call is made again, without applying any input.
-    """
-    events: list[Envelope] = []
-    request: dict[str, Any] | None
-    if state.in_poll and isinstance(input, Resume) and not input.results:
-        begun, request = state, build_request(state)
-    else:
-        events, begun, request = begin_poll(state, input, now=clock(), guard=guard)
-    if request is None:
-        return tuple(events), begun
-    with collecting_events() as reported:
-        try:
-            response = await chat(request)
-        except ChatError as error:
-            error.events = failure_events(state, error, reported, at=clock())
-            raise
-    try:
-        more, ended = end_poll(begun, response, now=clock(), guard=guard, reported=reported)
-    except ChatError as error:
-        error.events = failure_events(state, error, reported, at=clock(), response=response)
-        raise
-    return (*events, *more), ended

@@ -14,7 +14,6 @@ import msgspec
 from turnkeeper.core import (
     AgentSpec,
     Chat,
-    ChatError,
     GuardConfig,
     InputError,
     Message,
@@ -23,26 +22,25 @@ from turnkeeper.core import (
     ToolUse,
     Usage,
 )
-from turnkeeper.events import AnyEvent, Envelope, Halted, ModelResponded, ToolCalled, ToolReturned
+from turnkeeper.events import (
+    AnyEvent,
+    Envelope,
+    Halted,
+    McpFailed,
+    ModelResponded,
+    ToolCalled,
+    ToolReturned,
+)
 from turnkeeper.guards import Guard, default_guards, with_last_result
+from turnkeeper.sessions._driver import answer, call_model
 from turnkeeper.sessions._inputs import Input, Kickoff, Resume
 from turnkeeper.sessions._normalize import Terminal, TurnResult, normalize
 from turnkeeper.sessions._open import open_session
-from turnkeeper.sessions._poll import begin_poll, emit, opened_event, poll_turn
-from turnkeeper.state import SessionState, fold
-from turnkeeper.tools import (
-    McpPool,
-    McpTools,
-    ToolContext,
-    ToolHandler,
-    Tools,
-    as_handler,
-    check_call,
-    coerce_call,
-    run_each,
-    run_tool,
-)
-from turnkeeper.tracing import AgentSpan, agent_span, tool_span, traced_chat
+from turnkeeper.sessions._poll import begin_poll, emit, opened_event
+from turnkeeper.sessions._tool_runner import ToolRunner
+from turnkeeper.state import SessionState
+from turnkeeper.tools import McpPool, McpTools, Tools, as_handler, check_call, coerce_call
+from turnkeeper.tracing import AgentSpan, agent_span, traced_chat
 
 TurnGuard = Callable[[Usage, int], str | None]
 """Called after each model call with the run's usage and model calls so far; a returned
@@ -107,42 +105,33 @@ class _Runner:
         envelope, self.state = emit(self.state, event, at=self.clock())
         await self.record((envelope,))
 
-    async def run_tools(
-        self,
-        spec: AgentSpec,
-        uses: tuple[ToolUse, ...],
-        handler: ToolHandler | None,
-        mcp_tools: McpTools | None,
-        concurrency: int,
-        timeout: float | None,
-    ) -> tuple[ToolResult, ...]:
-        results: dict[str, ToolResult] = {}
 
-        async def one(use: ToolUse) -> None:
-            refusal = check_call(spec, use) if mcp_tools is None else mcp_tools.refusal(use)
-            if refusal is not None:
-                results[use.id] = ToolResult(use.id, refusal, is_error=True)
-                return
-            use = coerce_call(spec, use)
-            await self.emit(ToolCalled(tool_call_id=use.id, name=use.name, input=use.input))
-            ctx = ToolContext(self.state.session_id, use.id, use.name)
-            with tool_span(use, spec.tool(use.name)) as span:
-                failure = None
-                if mcp_tools is not None and mcp_tools.serves(use.name):
-                    result, failure = await mcp_tools.call(use, ctx, timeout=timeout)
-                    if failure is not None:
-                        await self.emit(failure)
-                else:
-                    assert handler is not None
-                    result = await run_tool(handler, use, ctx, timeout=timeout)
-                span.result(result, failure)
-            await self.emit(
+class _RunCalls:
+    """What a run logs around each tool call (`ToolCalls`): the call, an MCP server's
+    failure and the result, each as it happens."""
+
+    def __init__(self, runner: _Runner, spec: AgentSpec, mcp_tools: McpTools | None) -> None:
+        self.runner = runner
+        self.spec = spec
+        self.mcp_tools = mcp_tools
+
+    def refusal(self, use: ToolUse) -> str | None:
+        mcp_tools = self.mcp_tools
+        return check_call(self.spec, use) if mcp_tools is None else mcp_tools.refusal(use)
+
+    async def starting(self, use: ToolUse) -> ToolUse:
+        use = coerce_call(self.spec, use)
+        await self.runner.emit(ToolCalled(tool_call_id=use.id, name=use.name, input=use.input))
+        return use
+
+    async def failed(self, failure: McpFailed) -> None:
+        await self.runner.emit(failure)
+
+    async def finished(self, use: ToolUse, result: ToolResult, *, ran: bool) -> None:
+        if ran:
+            await self.runner.emit(
                 ToolReturned(tool_call_id=use.id, text=result.text, is_error=result.is_error)
             )
-            results[use.id] = result
-
-        await run_each(one, uses, limit=concurrency)
-        return tuple(results[use.id] for use in uses)
 
 
 async def run(
@@ -199,6 +188,7 @@ async def run(
             spec, session_id=session_id, history=history, max_turns=max_turns, guards=config
         )
         runner = _Runner(state, on_event, clock)
+        tool_runner = ToolRunner(handler, timeout=tool_timeout, limit=tool_concurrency)
         runner.span = stack.enter_context(agent_span(state, prompt=prompt))
         traced = traced_chat(chat)
         if mcp_tools is not None and mcp_tools.events:
@@ -225,10 +215,14 @@ async def run(
                         mcp_tools is None or not all(mcp_tools.serves(u.name) for u in pending)
                     ):
                         break
-                    results = await runner.run_tools(
-                        spec, pending, handler, mcp_tools, tool_concurrency, tool_timeout
+                    results = await tool_runner.run(
+                        pending,
+                        _RunCalls(runner, spec, mcp_tools),
+                        session_id=runner.state.session_id,
+                        spec=spec,
+                        mcp=mcp_tools,
                     )
-                    next_input = Resume(pending, results)
+                    next_input = Resume(pending, tuple(results))
                 # The poll's input and guard events are logged before its model call, as a
                 # Host logs them: a log cut short during the call (a timeout, a failure,
                 # Ctrl-C) still opens the session and holds the prompt.
@@ -236,24 +230,21 @@ async def run(
                     runner.state, next_input, now=clock(), guard=guard
                 )
                 await runner.record(begun)
-                events: tuple[Envelope, ...] = ()
+                events: Sequence[Envelope] = ()
                 if request is not None:
-                    try:
-                        # Given Resume(), poll_turn makes the call of the poll in flight.
-                        events, runner.state = await poll_turn(
-                            runner.state, Resume(), traced, guard=guard, clock=clock
-                        )
-                    except ChatError as error:
-                        await runner.record(error.events)
-                        runner.state = fold(runner.state, error.events)
-                        lead = f"The model failed: {error.message}"
+                    called = await call_model(traced, request)
+                    answered = answer(called, runner.state, guard=guard, clock=clock)
+                    await runner.record(answered.events)
+                    runner.state = answered.state
+                    if answered.failure is not None:
+                        lead = f"The model failed: {answered.failure.message}"
                         message = with_last_result(runner.state, lead)
                         await runner.emit(
                             Halted(guard=RUNNER, reason="chat_error", message=message)
                         )
                         turn = None
                         break
-                    await runner.record(events)
+                    events = answered.events
                 turn = normalize((*begun, *events))
                 turns += sum(isinstance(envelope.event, ModelResponded) for envelope in events)
                 if turn.terminal != "requires_action":

@@ -290,9 +290,10 @@ def _apply_duplicate(state: SessionState, event: Any, envelope: Envelope) -> Ses
 def _apply_directive(state: SessionState, event: Any, envelope: Envelope) -> SessionState:
     directive: Message = {"role": "user", "content": event.text}
     changes: dict[str, Any] = {}
-    if event.guard == "loop":
+    counts = event.counts
+    if counts == "warning":
         changes = {"warnings": state.warnings + 1, "warned_repeats": state.repeats}
-    elif event.guard == "terminal":
+    elif counts == "reprompt":
         changes = {"reprompts": state.reprompts + 1}
     if state.pending:
         # A directive must not split a tool call from its answer: it follows the answers.

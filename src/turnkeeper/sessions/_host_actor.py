@@ -1,0 +1,313 @@
+"""The Host's session actor: the task that advances one session, and its supervision."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import anyio
+import anyio.abc
+import msgspec
+
+from turnkeeper.core import ToolResult, ToolUse, TurnkeeperError
+from turnkeeper.events import AnyEvent, Envelope, Failed, McpFailed, ToolCalled, ToolReturned
+from turnkeeper.sessions._driver import answer, call_model
+from turnkeeper.sessions._host_base import HostBase, _log
+from turnkeeper.sessions._host_records import _Session, _take_up
+from turnkeeper.sessions._inputs import Input, Resume, UserMessage
+from turnkeeper.sessions._poll import begin_poll, build_request, emit
+from turnkeeper.sessions._tool_runner import ToolRunner
+from turnkeeper.state import SessionState
+from turnkeeper.tools import coerce_call, handled_as_error
+
+
+class _HostCalls:
+    """What the host does around each call it runs (`ToolCalls`): its `local.tool_call` is
+    logged before (`Host._announce`), its result after, with the step's others
+    (`Host._advance_tools`); MCP server failures are kept to be logged when the calls
+    are done. Refused and failed calls count as tool errors."""
+
+    def __init__(self, host: HostBase, session: _Session) -> None:
+        self.host = host
+        self.session = session
+        self.failures: list[McpFailed] = []
+
+    def refusal(self, use: ToolUse) -> str | None:
+        return self.session.refusal(self.session.state, use)
+
+    async def starting(self, use: ToolUse) -> ToolUse:
+        coerced = self.session.announced.get(use.id)
+        return coerced if coerced is not None else coerce_call(self.session.state.spec, use)
+
+    async def failed(self, failure: McpFailed) -> None:
+        self.failures.append(failure)
+
+    async def finished(self, use: ToolUse, result: ToolResult, *, ran: bool) -> None:
+        if result.is_error:
+            self.host._count("tool_errors")
+
+
+class HostActor(HostBase):
+    """The session actor: a task per session with work to do, which advances it (its
+    polls, model calls and tools) until it needs something from outside, supervised
+    one-for-one: restarted from the log when it crashes, given up after too many."""
+
+    def _spawn(self, session: _Session) -> None:
+        if session.running or self._group is None or not self._accepting:
+            return
+        if session.state.status in ("cancelled", "failed"):
+            return
+        session.running = True
+        session.done = anyio.Event()
+        self._group.start_soon(self._run, session, name=f"session {session.state.session_id}")
+
+    async def _run(self, session: _Session) -> None:
+        """Supervise the session in a scope of its own, which cancel() cancels, and stop()
+        after the grace (or when the host is cancelled)."""
+        session.ending = False
+        try:
+            with anyio.CancelScope(shield=True) as session.scope:
+                await self._supervise(session)
+        finally:
+            session.scope = None
+            # Ended by a cancel that then failed, which woke it to go on: a task again.
+            if session.woken and session.cancelling is None:
+                self._spawn(session)
+
+    def _end_task(self, session: _Session) -> None:
+        """Cancel the session's task, or, in the middle of one of its appends, as soon as
+        the append returns."""
+        session.ending = True
+        if session.scope is not None and not session.appending:
+            session.scope.cancel()
+
+    async def _supervise(self, session: _Session) -> None:
+        """Run the session's actor; restart it from the log when it crashes."""
+        session_id = session.state.session_id
+        try:
+            while True:
+                try:
+                    await self._act(session)
+                except BaseException as exc:
+                    # A stray cancellation (see `handled_as_error`) is a crash of this
+                    # session: left to go on, it would end the host's task group.
+                    if not handled_as_error(exc):
+                        raise
+                    # Ending anyway, so not a crash (`is not None`: a reason may be "").
+                    if self._stopping or session.cancelling is not None:
+                        return
+                    now = anyio.current_time()
+                    session.crashes = [
+                        t for t in session.crashes if now - t < self.restart_window
+                    ] + [now]
+                    session.error = _describe(exc)
+                    self._count("session_crashes")
+                    _log.error("session.crashed", session_id=session_id, error=session.error)
+                    if len(session.crashes) > self.max_restarts:
+                        await self._give_up(session)
+                        return
+                    # Doublings capped: past 2**60 the float product overflows (max_restarts
+                    # may allow thousands of crashes), and any backoff is capped long before.
+                    doublings = min(len(session.crashes) - 1, 60)
+                    delay = min(self.max_backoff, self.restart_backoff * 2**doublings)
+                    # `stop` ends a session waiting here at once: it is at a turn boundary.
+                    session.backing_off = True
+                    try:
+                        await anyio.sleep(delay)
+                    finally:
+                        session.backing_off = False
+                    try:
+                        rebuilt = await self._read(session_id)
+                    except (TurnkeeperError, OSError) as exc:
+                        session.error = f"cannot rebuild from the log: {exc}"
+                        await self._give_up(session)
+                        return
+                    _take_up(session, rebuilt)
+                    # Calls that were about to run when it crashed are logged again first.
+                    session.announced = {}
+                    _log.info(
+                        "session.restarted", session_id=session_id, restarts=len(session.crashes)
+                    )
+                    # The log may hold more than the crashed task saw (an append that
+                    # landed but raised), so the status may have moved: tell the waiters.
+                    self._note(session)
+                else:
+                    return
+        finally:
+            self._close_span(session)
+            session.running = False
+            session.done.set()
+            self._note(session)
+
+    async def _give_up(self, session: _Session) -> None:
+        with anyio.CancelScope(shield=True):
+            try:
+                async with session.lock:
+                    await self._commit_events(session, [Failed(error=session.error or "crashed")])
+            except (TurnkeeperError, OSError) as exc:
+                # The log refuses the event: the session is failed in memory only (and so is
+                # never dropped: `_commit` left `logged` None).
+                session.state = msgspec.structs.replace(
+                    session.state, status="failed", in_poll=False, stop_reason="failed"
+                )
+                _log.error(
+                    "session.unloggable", session_id=session.state.session_id, error=str(exc)
+                )
+
+    async def _act(self, session: _Session) -> None:
+        """Advance the session until it needs something from outside, then end: a session
+        at rest holds no task (`_wake` starts one when there is work again)."""
+        while not self._stopping and session.cancelling is None:
+            state = session.state
+            if state.status in ("cancelled", "failed"):
+                return
+            if session.opening is not None:
+                self._close_span(session)
+                session.span = self._open_span(session, *session.opening)
+                session.opening = None
+            if not session.errored:
+                progressed = True
+                if state.in_poll:
+                    pass  # Its model call is made below.
+                elif state.status == "running":
+                    await self._poll(session, Resume())
+                elif state.status == "requires_action":
+                    progressed = await self._advance_tools(session)
+                elif state.queued:
+                    text = state.queued[0]
+                    self._close_span(session)
+                    session.span = self._open_span(session, text, session.context_of(text))
+                    await self._poll(session, UserMessage(text))
+                else:
+                    progressed = False
+                if progressed:
+                    # Called from here, not from the steps above, so that their locals are
+                    # not kept through the model call. It is made even while stopping: it
+                    # finishes the turn.
+                    if session.state.in_poll:
+                        await self._call_model(session)
+                    continue
+            if not session.woken:
+                self._close_span(session)
+                return
+            session.woken = False
+
+    async def _advance_tools(self, session: _Session) -> bool:
+        """Run the calls the host answers itself, and resume once every call has a result.
+        False when the remaining calls wait for results from outside."""
+        state = session.state
+        if state.spec.mcp_servers and session.mcp is None:
+            session.mcp = await self._mcp.open(state.spec)
+        returned = {result.tool_use_id for result in state.returned}
+        local = [
+            u for u in state.pending if u.id not in returned and self._runs_here(session, state, u)
+        ]
+        if not local and not all(use.id in returned for use in state.pending):
+            return False
+        results: list[ToolResult] = []
+        if local:
+            unannounced = [use for use in local if use.id not in session.announced]
+            if unannounced:
+                async with session.lock:
+                    await self._commit_events(
+                        session, self._announce(session, session.state, unannounced)
+                    )
+            results = await self._run_tools(session, local)
+        async with session.lock:
+            state = session.state
+            envelopes: list[Envelope] = []
+            for result in results:
+                event = ToolReturned(
+                    tool_call_id=result.tool_use_id, text=result.text, is_error=result.is_error
+                )
+                envelope, state = emit(state, event, at=self.clock())
+                envelopes.append(envelope)
+            by_id = {result.tool_use_id: result for result in state.returned}
+            if all(use.id in by_id for use in state.pending):
+                # The results and the next poll's input are logged together: one commit.
+                resume = Resume(state.pending, tuple(by_id[use.id] for use in state.pending))
+                begun, state, _ = begin_poll(state, resume, now=self.clock(), guard=self.guard)
+                envelopes.extend(begun)
+                self._count_events(begun)
+            await self._commit(session, envelopes, state)
+        session.announced = {}
+        return True
+
+    def _announce(
+        self, session: _Session, state: SessionState, uses: Iterable[ToolUse]
+    ) -> list[AnyEvent]:
+        """`local.tool_call` events for the calls about to run (logged before they run)."""
+        events: list[AnyEvent] = []
+        for use in uses:
+            coerced = None
+            if session.refusal(state, use) is None:
+                coerced = coerce_call(state.spec, use)
+                events.append(ToolCalled(tool_call_id=use.id, name=use.name, input=coerced.input))
+            session.announced[use.id] = coerced
+        return events
+
+    async def _run_tools(self, session: _Session, uses: Sequence[ToolUse]) -> list[ToolResult]:
+        """Run the calls concurrently, at most `tool_concurrency` at a time and started in
+        call order (bad calls are answered without running); results in call order. MCP
+        server failures are logged as they come back."""
+        calls = _HostCalls(self, session)
+        runner = ToolRunner(self._handler, timeout=self.tool_timeout, limit=self.tool_concurrency)
+        state = session.state
+        results = await runner.run(
+            uses, calls, session_id=state.session_id, spec=state.spec, mcp=session.mcp
+        )
+        if calls.failures:
+            async with session.lock:
+                await self._commit_events(session, calls.failures)
+        return results
+
+    async def _poll(self, session: _Session, given: Input) -> None:
+        """Log the poll's input and guard events (the caller makes its model call). A
+        queued message leaves the queue in the same commit (its `local.user_message`)."""
+        async with session.lock:
+            await self._begin_poll(session, given)
+
+    async def _begin_poll(self, session: _Session, given: Input, *, own: bool = True) -> None:
+        """Log `given` and the guard events before its model call (caller holds the lock)."""
+        events, state, _ = begin_poll(session.state, given, now=self.clock(), guard=self.guard)
+        self._count_events(events)
+        await self._commit(session, events, state, own=own)
+
+    async def _call_model(self, session: _Session) -> None:
+        """Make the model call of the poll in flight and log its answer (or its failure)."""
+        slots = self._model_slots
+        if slots is not None:
+            await slots.take()
+            if self._stopping:
+                # Its request is logged: the host's next start makes the call.
+                slots.give_back()
+                return
+        self._count("model_calls")
+        try:
+            called = await call_model(self.chat, build_request(session.state))
+        finally:
+            if slots is not None:
+                slots.give_back()
+        async with session.lock:
+            # The state as it is now: messages may have been queued during the call.
+            answered = answer(called, session.state, guard=self.guard, clock=self.clock)
+            events, ended, failure = answered.events, answered.state, answered.failure
+            if failure is not None:
+                self._count("chat_errors")
+                await self._commit(session, events, ended)
+                session.errored = True
+                session.error = failure.message
+                self._note(session)
+                return
+            self._count_events(events)
+            local = [use for use in ended.pending if self._runs_here(session, ended, use)]
+            for event in self._announce(session, ended, local):
+                envelope, ended = emit(ended, event, at=self.clock())
+                events.append(envelope)
+            await self._commit(session, events, ended)
+
+
+def _describe(exc: BaseException) -> str:
+    """`Type: message` of the exception, looking inside a group of one (a task group's)."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return f"{type(exc).__name__}: {exc}"

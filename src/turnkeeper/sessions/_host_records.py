@@ -1,0 +1,161 @@
+"""The host's record of each session, the statuses it reports, and its errors."""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from typing import Any, Literal
+
+import anyio
+import anyio.abc
+import msgspec
+
+from turnkeeper.core import ToolUse, TurnkeeperError, Usage
+from turnkeeper.events import ChatFailed, Envelope, Failed
+from turnkeeper.state import SessionState
+from turnkeeper.tools import McpTools, check_call
+from turnkeeper.tracing import AgentSpan
+
+HostStatus = Literal[
+    "running", "requires_action", "idle", "errored", "halted", "failed", "cancelled"
+]
+"""running: working (or about to). requires_action: waits for tool results from outside.
+idle: the turn ended, waits for a message. errored: the model stayed unreachable after
+retries (`retry` or a new message resumes it). halted: a guard stopped it. failed: it
+crashed too often. cancelled: cancelled from outside."""
+
+
+class Busy(TurnkeeperError):
+    """A session's mailbox is full; try again later."""
+
+
+class UnknownSession(TurnkeeperError, LookupError):
+    """No session has this id."""
+
+
+class HostStopped(TurnkeeperError):
+    """The host is stopping or stopped and takes no new work."""
+
+
+class SessionInfo(msgspec.Struct, frozen=True):
+    """A session as the host sees it now. `pending` are the tool calls waiting for results
+    from outside; `text` is the model's last answer or why the session stopped."""
+
+    session_id: str
+    status: HostStatus
+    pending: tuple[ToolUse, ...]
+    stop_reason: str | None
+    text: str | None
+    result: dict[str, Any] | None
+    usage: Usage
+    polls: int
+    seq: int
+    queued: int
+    error: str | None
+
+
+class _Session:
+    """The host's record of one session; the mailbox outlives the session's task."""
+
+    def __init__(self, state: SessionState, logged: tuple[bool, str | None]) -> None:
+        self.state = state
+        # The errored flag and error that the log's last event gives (see `_logged`), or
+        # None when the state may differ from what the log rebuilds (an append raised).
+        self.logged: tuple[bool, str | None] | None = logged
+        # The API calls using this record now (`Host._use`): while any is, it is not dropped.
+        self.users = 0
+        # The trace context each queued message was sent in, oldest first. The queue itself
+        # is `state.queued` (logged); this list, not a deque: an empty deque costs ten
+        # times the memory.
+        self.contexts: list[tuple[str, object | None]] = []
+        self.mcp: McpTools | None = None
+        self.span: AgentSpan | None = None
+        self.span_exit: AbstractContextManager[AgentSpan] | None = None
+        self.opening: tuple[str, object | None] | None = None
+        # Calls whose `local.tool_call` is logged (or that are refused), with the
+        # arguments their handler gets (None for a refused call).
+        self.announced: dict[str, ToolUse | None] = {}
+        self.checked: tuple[tuple[ToolUse, ...], dict[str, str | None]] = ((), {})
+        # The actor takes it uncontended on every commit; fast_acquire skips a checkpoint
+        # there (the append that follows has its own).
+        self.lock = anyio.Lock(fast_acquire=True)
+        # Set when there may be new work; the actor looks again before it ends.
+        self.woken = False
+        # Created by the first waiter and set (then dropped) by the next change, so a
+        # change nobody waits for costs no Event: `changed` on any change (long-polls),
+        # `rested` on one that leaves the session at rest (`result`).
+        self.changed: anyio.Event | None = None
+        self.rested: anyio.Event | None = None
+        # Long-polls' reads of the log in flight, by `after`: one read serves every poll
+        # woken by the same change.
+        self.reads: dict[int, _SharedRead] = {}
+        self.done = anyio.Event()
+        # The session task's scope. Shielded, so that only the host cancels the task
+        # (`_end_task`), never in the middle of one of its appends.
+        self.scope: anyio.CancelScope | None = None
+        self.appending = False
+        self.ending = False
+        self.backing_off = False
+        self.running = False
+        self.errored, self.error = logged
+        self.crashes: list[float] = []
+        self.cancelling: str | None = None
+        self.status: HostStatus | None = None
+
+    def context_of(self, text: str) -> object | None:
+        """The trace context the oldest queued `text` was sent in (None after a restart)."""
+        for index, (queued, context) in enumerate(self.contexts):
+            if queued == text:
+                del self.contexts[index]
+                return context
+        return None
+
+    def refusal(self, state: SessionState, use: ToolUse) -> str | None:
+        """Why `use`, pending in `state`, must not run, or None; each call is checked once."""
+        pending, refusals = self.checked
+        if pending is not state.pending:
+            refusals = {}
+            self.checked = (state.pending, refusals)
+        if use.id not in refusals:
+            mcp = self.mcp
+            refusals[use.id] = check_call(state.spec, use) if mcp is None else mcp.refusal(use)
+        return refusals[use.id]
+
+
+def _take_up(session: _Session, rebuilt: _Session) -> bool:
+    """Make `rebuilt` (read from the log) the session's state; True if the log holds more
+    than the session saw. Its errored flag and error are the log's only then (a chat
+    error logged, though its append raised): a retry() of an errored session is not
+    logged, and a crash of the retried call must not undo it."""
+    moved = rebuilt.state.seq != session.state.seq
+    if moved:
+        session.errored = rebuilt.errored
+        session.error = rebuilt.error
+    session.state = rebuilt.state
+    session.logged = rebuilt.logged
+    return moved
+
+
+class _SharedRead:
+    """A read of a session's events after a seq, begun while `changed` was the session's
+    change event: every poll that saw the same event may take its outcome instead of
+    reading again (a poll that saw a later one must read for itself: a change came
+    after this read began)."""
+
+    def __init__(self, changed: anyio.Event) -> None:
+        self.changed = changed
+        self.done = anyio.Event()
+        self.found: list[Envelope] | None = None
+
+
+def _logged(last: Envelope) -> tuple[bool, str | None]:
+    """The errored flag and error of a session rebuilt from a log whose last event is `last`."""
+    event = last.event
+    return (
+        last.type == "local.chat_error",
+        event.error if isinstance(event, ChatFailed | Failed) else None,
+    )
+
+
+def _session_of(state: SessionState, last: Envelope) -> _Session:
+    """The host's record of a session rebuilt from its log, `last` its last event."""
+    return _Session(state, _logged(last))

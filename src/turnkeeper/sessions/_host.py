@@ -422,8 +422,3 @@ def _check_text(name: str, value: object) -> None:
             value.encode()
         except UnicodeEncodeError as exc:
             raise UnloggableEvent(f"{name}: cannot encode event: {exc}") from None
-
-
-def _halt_message(state: SessionState) -> str | None:
-    """Why a halted session stopped, as told to the user (kept as its last halt's message)."""
-    return state.halt_message

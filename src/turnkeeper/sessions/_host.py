@@ -68,8 +68,10 @@ from turnkeeper.sessions._poll import (
 )
 from turnkeeper.sessions._rebuild import rebuilt_on, runs_by_page
 from turnkeeper.sessions._slots import Slots
+from turnkeeper.sessions._step_timeout import STEP_TIMEOUT, check_step_timeout, timed_chat
 from turnkeeper.state import SessionState, replay
 from turnkeeper.tools import (
+    MAX_TOOL_RESULT_CHARS,
     McpPool,
     McpTools,
     ToolContext,
@@ -84,12 +86,21 @@ from turnkeeper.tools import (
 from turnkeeper.tracing import AgentSpan, agent_span, capture_context, tool_span, traced_chat
 
 HostStatus = Literal[
-    "running", "requires_action", "idle", "errored", "halted", "failed", "cancelled"
+    "running",
+    "requires_action",
+    "idle",
+    "errored",
+    "halted",
+    "failed",
+    "cancelled",
+    "unreadable",
 ]
 """running: working (or about to). requires_action: waits for tool results from outside.
 idle: the turn ended, waits for a message. errored: the model stayed unreachable after
 retries (`retry` or a new message resumes it). halted: a guard stopped it. failed: it
-crashed too often. cancelled: cancelled from outside."""
+crashed too often. cancelled: cancelled from outside. unreadable: its events in the log
+cannot be rebuilt into a session (no events, a gap, a damaged row); the host leaves it
+alone (quarantined) and `error` says why."""
 
 _std_log = logging.getLogger("turnkeeper.host")
 _log = structlog.wrap_logger(
@@ -112,6 +123,16 @@ class Busy(TurnkeeperError):
 
 class UnknownSession(TurnkeeperError, LookupError):
     """No session has this id."""
+
+
+class SessionUnreadable(UnknownSession):
+    """The log holds the session, but its events cannot be rebuilt into one (it is
+    quarantined: status "unreadable"); `reason` says why."""
+
+    def __init__(self, session_id: str, reason: str) -> None:
+        super().__init__(f"session {session_id} cannot be rebuilt from the log: {reason}")
+        self.session_id = session_id
+        self.reason = reason
 
 
 class HostStopped(TurnkeeperError):
@@ -268,6 +289,17 @@ class Host:
     on their next use, which sees them exactly as if they had stayed. Sessions in use
     (running, waited on, in an API call) are never dropped and do not count. None: keep
     every session.
+
+    `step_timeout` bounds each model call (300 s unless set; None: no bound): a call that
+    takes longer fails as a transient chat error, logged, and leaves the session
+    `errored` (`retry` or a new message makes the call again). A result an in-process
+    handler returns longer than `max_tool_result_chars` is cut, with a note the model
+    reads saying how much was left out.
+
+    A session in the log that cannot be rebuilt (no events, a gap in its seqs, a damaged
+    row) is quarantined: logged once as `session.unreadable`, shown by `status` as
+    "unreadable" with why in `error`, refused by every other call (SessionUnreadable),
+    and counted apart by `statuses`; the other sessions recover and run.
     """
 
     def __init__(
@@ -285,6 +317,8 @@ class Host:
         stop_grace: float = 10.0,
         tool_concurrency: int = 8,
         tool_timeout: float | None = None,
+        step_timeout: float | None = STEP_TIMEOUT,
+        max_tool_result_chars: int = MAX_TOOL_RESULT_CHARS,
         max_model_calls: int | None = None,
         max_resting: int | None = 10_000,
         clock: Callable[[], float] = time.time,
@@ -308,7 +342,11 @@ class Host:
         check_seconds("Host: stop_grace", stop_grace)
         if tool_timeout is not None:
             check_seconds("Host: tool_timeout", tool_timeout, positive=True, optional=True)
-        self.chat = traced_chat(chat)
+        check_step_timeout("Host: step_timeout", step_timeout)
+        check_count("Host: max_tool_result_chars", max_tool_result_chars, 1)
+        self.step_timeout = step_timeout
+        self.max_tool_result_chars = max_tool_result_chars
+        self.chat = traced_chat(timed_chat(chat, step_timeout))
         # A MemoryLog the host makes is never closed: closing it releases nothing, and a
         # closed one would refuse the reads that go on working after a stop.
         self.log = log if log is not None else MemoryLog()
@@ -346,6 +384,8 @@ class Host:
         self._dropped_crashes: dict[str, list[float]] = {}
         # Reads of sessions the host does not hold, in flight, by id (see `_read_back`).
         self._loading: dict[str, int] = {}
+        # The log's sessions that cannot be rebuilt, with why: quarantined, logged once.
+        self._unreadable: dict[str, str] = {}
         # Sessions being started, set once `start` has made its record or failed: a call
         # that read one back from the log meanwhile would make a second record, and a
         # second task running the session beside the first.
@@ -407,7 +447,11 @@ class Host:
         events, state = self._opening(spec, prompt, (), session_id, history, max_turns, guards)
         # The sessions this host knows; any other one already in the log (written by
         # another process, or unreadable at recovery) fails the append's seq check.
-        if state.session_id in self._sessions or state.session_id in self._starting:
+        if (
+            state.session_id in self._sessions
+            or state.session_id in self._starting
+            or state.session_id in self._unreadable
+        ):
             raise _taken(state.session_id)
         started = self._starting[state.session_id] = anyio.Event()
         try:
@@ -569,9 +613,12 @@ class Host:
                 raise
 
     async def status(self, session_id: str) -> SessionInfo:
-        """The session as it is now."""
-        async with self._use(session_id) as session:
-            return self._info(session)
+        """The session as it is now (status "unreadable" for one its log cannot rebuild)."""
+        try:
+            async with self._use(session_id) as session:
+                return self._info(session)
+        except SessionUnreadable as exc:
+            return _unreadable_info(session_id, exc.reason)
 
     async def result(self, session_id: str, *, wait: float | None = None) -> SessionInfo:
         """The session once it is at rest (not running), or as it is after `wait` seconds.
@@ -638,18 +685,22 @@ class Host:
         return await self.log.sessions()
 
     async def statuses(self) -> dict[str, int]:
-        """How many of the log's sessions have each status, as `status` gives it (sessions
-        that cannot be rebuilt are left out). A session dropped from memory counts with
-        the status it rested in, without being read back."""
+        """How many of the log's sessions have each status, as `status` gives it (those
+        that cannot be rebuilt as "unreadable"). A session dropped from memory counts
+        with the status it rested in, without being read back."""
         counts: dict[str, int] = {}
         for session_id in await self.log.sessions():
             held = self._sessions.get(session_id)
             status = self._status(held) if held is not None else self._dropped.get(session_id)
+            if status is None and session_id in self._unreadable:
+                status = "unreadable"
             if status is None:
-                # Never read by this host (unreadable at recovery, or logged by another).
+                # Never read by this host (logged by another since it started).
                 try:
                     async with self._use(session_id) as session:
                         status = self._status(session)
+                except SessionUnreadable:
+                    status = "unreadable"
                 except UnknownSession:
                     continue
             counts[status] = counts.get(status, 0) + 1
@@ -711,7 +762,7 @@ class Host:
                 self._dropped.clear()
                 unread, broken = set(session_ids), {}
             for session_id, error in broken.items():
-                _log.error("session.unreadable", session_id=session_id, error=str(error))
+                self._quarantine(session_id, str(error))
             for session_id in session_ids:
                 if session_id not in unread and (
                     session_id in self._sessions or session_id in self._dropped
@@ -721,8 +772,8 @@ class Host:
                     continue
                 try:
                     self._sessions[session_id] = await self._read(session_id)
-                except LogError as exc:
-                    _log.error("session.unreadable", session_id=session_id, error=str(exc))
+                except (LogError, UnknownSession) as exc:
+                    self._quarantine(session_id, _why_unreadable(exc))
             # One transition line for each session held. Those the pass left at rest first,
             # in their order (least recently logged first), which noting each keeps.
             let_go = dict(self._dropped)
@@ -780,6 +831,13 @@ class Host:
                     self._unused(session)
         return unread, broken
 
+    def _quarantine(self, session_id: str, reason: str) -> None:
+        """Leave a session whose events cannot be rebuilt alone for the host's life,
+        saying why once: it shows as "unreadable", and every other session goes on."""
+        if session_id not in self._unreadable:
+            self._unreadable[session_id] = reason
+            _log.error("session.unreadable", session_id=session_id, error=reason)
+
     async def _read(self, session_id: str) -> _Session:
         events = await self.log.read(session_id)
         if not events:
@@ -805,6 +863,8 @@ class Host:
         if not isinstance(session_id, str) or not session_id:
             raise UnknownSession(f"no session {session_id!r}")
         session = self._sessions.get(session_id)
+        if session is None and session_id in self._unreadable:
+            raise SessionUnreadable(session_id, self._unreadable[session_id])
         starting = self._starting.get(session_id)
         if session is None and starting is not None:
             await starting.wait()
@@ -814,7 +874,8 @@ class Host:
                 session = await self._read_back(session_id)
             except (ReplayError, SeqError, LogCorrupt) as exc:
                 # Its events are damaged, not the log unreadable: this session alone fails.
-                raise UnknownSession(f"session {session_id} cannot be rebuilt: {exc}") from None
+                self._quarantine(session_id, str(exc))
+                raise SessionUnreadable(session_id, str(exc)) from None
         else:
             session.users += 1
         # A session with work and no task (recovered, or read from the log) gets one; so
@@ -1088,7 +1149,13 @@ class Host:
                     result, failure = await mcp.call(use, ctx, timeout=self.tool_timeout)
                 else:
                     assert self._handler is not None
-                    result = await run_tool(self._handler, use, ctx, timeout=self.tool_timeout)
+                    result = await run_tool(
+                        self._handler,
+                        use,
+                        ctx,
+                        timeout=self.tool_timeout,
+                        max_chars=self.max_tool_result_chars,
+                    )
                 span.result(result, failure)
             results[use.id] = result
             if failure is not None:
@@ -1438,6 +1505,31 @@ class Host:
             queued=len(state.queued),
             error=session.error if status in ("errored", "failed") else None,
         )
+
+
+def _why_unreadable(exc: LogError | UnknownSession) -> str:
+    """Why recovery could not rebuild a session, from what reading it raised."""
+    if isinstance(exc, LogError):
+        return str(exc)
+    # Listed by the log (a sessions row, an order entry) with no events to rebuild it from.
+    return "the log lists the session but holds none of its events"
+
+
+def _unreadable_info(session_id: str, reason: str) -> SessionInfo:
+    """A quarantined session as `status` shows it: nothing known but why."""
+    return SessionInfo(
+        session_id=session_id,
+        status="unreadable",
+        pending=(),
+        stop_reason=None,
+        text=None,
+        result=None,
+        usage=Usage(),
+        polls=0,
+        seq=0,
+        queued=0,
+        error=reason,
+    )
 
 
 def _taken(session_id: str) -> InputError:

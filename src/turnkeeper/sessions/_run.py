@@ -22,6 +22,7 @@ from turnkeeper.core import (
     ToolResult,
     ToolUse,
     Usage,
+    check_count,
 )
 from turnkeeper.events import AnyEvent, Envelope, Halted, ModelResponded, ToolCalled, ToolReturned
 from turnkeeper.guards import Guard, default_guards, with_last_result
@@ -29,8 +30,10 @@ from turnkeeper.sessions._inputs import Input, Kickoff, Resume
 from turnkeeper.sessions._normalize import Terminal, TurnResult, normalize
 from turnkeeper.sessions._open import open_session
 from turnkeeper.sessions._poll import begin_poll, emit, opened_event, poll_turn
+from turnkeeper.sessions._step_timeout import STEP_TIMEOUT, check_step_timeout, timed_chat
 from turnkeeper.state import SessionState, fold
 from turnkeeper.tools import (
+    MAX_TOOL_RESULT_CHARS,
     McpPool,
     McpTools,
     ToolContext,
@@ -115,6 +118,7 @@ class _Runner:
         mcp_tools: McpTools | None,
         concurrency: int,
         timeout: float | None,
+        max_chars: int,
     ) -> tuple[ToolResult, ...]:
         results: dict[str, ToolResult] = {}
 
@@ -134,7 +138,7 @@ class _Runner:
                         await self.emit(failure)
                 else:
                     assert handler is not None
-                    result = await run_tool(handler, use, ctx, timeout=timeout)
+                    result = await run_tool(handler, use, ctx, timeout=timeout, max_chars=max_chars)
                 span.result(result, failure)
             await self.emit(
                 ToolReturned(tool_call_id=use.id, text=result.text, is_error=result.is_error)
@@ -163,6 +167,8 @@ async def run(
     session_id: str | None = None,
     tool_concurrency: int = 8,
     tool_timeout: float | None = None,
+    step_timeout: float | None = STEP_TIMEOUT,
+    max_tool_result_chars: int = MAX_TOOL_RESULT_CHARS,
     clock: Callable[[], float] = time.time,
     mcp: McpPool | None = None,
 ) -> RunResult:
@@ -179,6 +185,10 @@ async def run(
     through the protocol, on the connections of `mcp` (a pool shared with other
     sessions) or of a pool of the run's own. Without `tools`, the run still calls them,
     and stops for results from outside only when another tool is called.
+
+    `step_timeout` bounds each model call (300 s unless set; None: no bound): a call that
+    takes longer fails as a chat error does, logged, and halts the run. A handler's result
+    longer than `max_tool_result_chars` is cut, with a note the model reads saying so.
     """
     config = guards if guards is not None else GuardConfig()
     if require_terminal_tool or max_reprompts != 2:
@@ -188,6 +198,8 @@ async def run(
         )
     if tool_concurrency < 1:
         raise InputError(f"tool_concurrency: expected at least 1, got {tool_concurrency}")
+    check_step_timeout("step_timeout", step_timeout)
+    check_count("max_tool_result_chars", max_tool_result_chars, 1)
     handler = as_handler(tools) if tools is not None else None
     async with AsyncExitStack() as stack:
         mcp_tools: McpTools | None = None
@@ -200,7 +212,7 @@ async def run(
         )
         runner = _Runner(state, on_event, clock)
         runner.span = stack.enter_context(agent_span(state, prompt=prompt))
-        traced = traced_chat(chat)
+        traced = traced_chat(timed_chat(chat, step_timeout))
         if mcp_tools is not None and mcp_tools.events:
             # Start-up failures are logged after the session's opening event.
             await runner.emit(opened_event(state))
@@ -226,7 +238,13 @@ async def run(
                     ):
                         break
                     results = await runner.run_tools(
-                        spec, pending, handler, mcp_tools, tool_concurrency, tool_timeout
+                        spec,
+                        pending,
+                        handler,
+                        mcp_tools,
+                        tool_concurrency,
+                        tool_timeout,
+                        max_tool_result_chars,
                     )
                     next_input = Resume(pending, results)
                 # The poll's input and guard events are logged before its model call, as a

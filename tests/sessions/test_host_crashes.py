@@ -681,7 +681,8 @@ async def test_recovery_skips_an_unreadable_session_and_resumes_the_others() -> 
         assert sorted(await host.sessions()) == ["broken", "good"]
         info = await host.status("broken")
         assert info.status == "unreadable"
-        assert info.error is not None and "seq 1" in info.error
+        assert info.error is not None
+        assert "seq 1" in info.error
         with pytest.raises(SessionUnreadable, match="broken cannot be rebuilt"):
             await host.send("broken", "hello")
 
@@ -725,7 +726,8 @@ async def test_recovery_reads_session_by_session_past_a_damaged_row(
             # That session alone is quarantined: shown as unreadable, counted apart.
             info = await host.status("damaged")
             assert (info.status, info.seq) == ("unreadable", 0)
-            assert info.error is not None and "damaged" in info.error
+            assert info.error is not None
+            assert "damaged" in info.error
             with pytest.raises(SessionUnreadable, match="session damaged cannot be rebuilt"):
                 await host.events("damaged")
             assert await host.statuses() == {"idle": 2, "unreadable": 1}

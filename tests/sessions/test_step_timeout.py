@@ -44,7 +44,7 @@ async def test_a_timed_call_that_returns_in_time_is_untouched() -> None:
 
 
 async def test_a_call_over_the_timeout_raises_a_transient_chat_error() -> None:
-    with pytest.raises(ChatError, match=r"step timeout of 0\.05 s") as raised:
+    with pytest.raises(ChatError, match=r"took longer than 0\.05 s") as raised:
         await timed_chat(never_returns, 0.05)({"messages": []})
     assert raised.value.transient
 
@@ -54,10 +54,10 @@ async def test_run_halts_on_a_model_call_that_never_returns() -> None:
         result = await run(SPEC, prompt_for(1), never_returns, step_timeout=0.1)
     assert (result.terminal, result.stop_reason) == ("terminated", "chat_error")
     assert result.text is not None
-    assert "step timeout of 0.1 s" in result.text
+    assert "took longer than 0.1 s" in result.text
     failed = [e.event for e in result.events if isinstance(e.event, ChatFailed)]
     assert len(failed) == 1
-    assert "step timeout" in failed[0].error
+    assert "took longer than 0.1 s" in failed[0].error
     assert replay(result.events).status == "halted"
 
 
@@ -68,7 +68,7 @@ async def test_a_host_session_whose_model_never_returns_ends_errored_not_running
         info = await settle(host, session_id, timeout=30)
         assert info.status == "errored"
         assert info.error is not None
-        assert "step timeout of 0.1 s" in info.error
+        assert "took longer than 0.1 s" in info.error
         events = await log.read(session_id)
         assert events[-1].type == "local.chat_error"
         assert host.counters["chat_errors"] == 1

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-import anyio
-
-from turnkeeper.core import Chat, ChatError, check_seconds
+from turnkeeper.core import Chat, check_seconds
+from turnkeeper.providers import with_step_timeout
 
 STEP_TIMEOUT = 300.0
 """Seconds a model call may take by default before it fails (None turns the bound off)."""
@@ -22,14 +19,4 @@ def timed_chat(chat: Chat, seconds: float | None) -> Chat:
     """`chat` with each call failing after `seconds` (None: `chat` itself): a call that
     takes longer is cancelled and raises a transient ChatError saying so, which a session
     handles as any failed model call (logged as `local.chat_error`)."""
-    if seconds is None:
-        return chat
-
-    async def timed(request: dict[str, Any]) -> dict[str, Any]:
-        with anyio.move_on_after(seconds):
-            return await chat(request)
-        raise ChatError(
-            f"the model call took longer than the step timeout of {seconds:g} s", transient=True
-        )
-
-    return timed
+    return chat if seconds is None else with_step_timeout(chat, seconds)

@@ -21,8 +21,8 @@ import msgspec
 import pytest
 
 from tests.providers.openai_server import Behaviour, ChatServer, Reply, Stall, serve_chat
-from tests.sessions.test_old_logs import OLD_VALUES, opened_holding
 from tests.sessions.test_host_quarantine import KINDS, make_log, sqlite_damage
+from tests.sessions.test_old_logs import OLD_VALUES, opened_holding
 from turnkeeper.core import AgentSpec, Budget, GuardConfig
 from turnkeeper.events import (
     Envelope,

@@ -21,6 +21,7 @@ import msgspec
 import pytest
 
 from tests.providers.openai_server import Behaviour, ChatServer, Reply, Stall, serve_chat
+from tests.sessions.test_host_quarantine import KINDS, make_log, sqlite_damage
 from tests.sessions.test_old_logs import OLD_VALUES, opened_holding
 from turnkeeper.core import AgentSpec, Budget, GuardConfig
 from turnkeeper.events import (
@@ -803,3 +804,16 @@ def test_run_takes_tools_from_an_mcp_server_given_on_the_command_line(tmp_path: 
     assert "echo" in offered
     assert "calculator" in offered
     assert calls(server)[1][-1]["content"] == "hi hi"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_session_list_shows_a_session_damaged_any_way_as_unreadable(
+    tmp_path: Path, kind: str
+) -> None:
+    path = tmp_path / "log.sqlite"
+    anyio.run(make_log, path, ["good", "damaged"])
+    sqlite_damage(kind)(path)
+    listing = cli("sessions", "--log", str(path), cwd=tmp_path)
+    assert listing.code == 0, listing.err
+    rows = [row.split()[:2] for row in listing.out.splitlines()[1:]]
+    assert sorted(rows) == [["damaged", "unreadable"], ["good", "idle"]]

@@ -1461,3 +1461,24 @@ async def test_a_file_sqlite_opens_read_only_is_not_writable(
         "host": f"Host: SqliteLog({str(path)!r}) only reads (opened read_only, or another "
         "log writes it): a host must write its log",
     }
+
+
+@pytest.mark.parametrize("table", ["sessions", "events"])
+@pytest.mark.parametrize("read_only", [False, True])
+def test_a_file_missing_a_table_does_not_open(tmp_path: Path, table: str, read_only: bool) -> None:
+    path = tmp_path / "log.sqlite"
+
+    async def make() -> None:
+        async with SqliteLog(path) as log:
+            await log.append([envelope("s", 1)], expected_seq=0)
+
+    anyio.run(make)
+    with sqlite3.connect(path) as connection:
+        connection.execute(f"DROP TABLE {table}")
+
+    async def reopen() -> None:
+        async with SqliteLog(path, read_only=read_only):
+            pass
+
+    with pytest.raises(LogError, match=f"no such table: {table}"):
+        anyio.run(reopen)

@@ -23,6 +23,7 @@ from tests.service.process import TOKEN, ServerProcess
 from tests.service.prometheus import parse_exposition
 from tests.service.server_main import ASK_SPEC, LOOKUP_SPEC, answer_for
 from tests.service.sse import SseEvent, parse_sse
+from tests.sessions.test_host_quarantine import KINDS, sqlite_damage
 from turnkeeper.core import InputError, LogError
 from turnkeeper.events import Envelope, ToolReturned
 from turnkeeper.logs import SqliteLog
@@ -450,3 +451,47 @@ async def test_serve_refuses_what_it_cannot_do_with_clear_errors(
         db.execute("DROP TABLE sessions")
     with pytest.raises(LogError, match="no such table: sessions"):
         await serve(chat=quiet, port=0, log_path=broken)
+
+
+def test_a_session_the_log_cannot_rebuild_is_listed_unreadable_and_the_others_run(
+    tmp_path: Path,
+) -> None:
+    log_path = tmp_path / "log.sqlite"
+    stderr = tmp_path / "stderr.log"
+    damaged = {f"damaged-{kind}": kind for kind in KINDS}
+    with ServerProcess(log_path, stderr_path=stderr) as first, first.client() as client:
+        for session_id in ["good", *damaged]:
+            create(client, {"spec": LOOKUP, "prompt": session_id, "session_id": session_id})
+            assert settled(client, session_id).status == "idle"
+    for session_id, kind in damaged.items():
+        sqlite_damage(kind, session_id)(log_path)
+
+    with ServerProcess(log_path, stderr_path=stderr) as second, second.client() as client:
+        listed = msgspec.json.decode(client.get("/v1/sessions").content, type=SessionPage)
+        statuses = {info.session_id: (info.status, info.error) for info in listed.sessions}
+        assert statuses["good"] == ("idle", None)
+        for session_id in damaged:
+            status, error = statuses[session_id]
+            assert status == "unreadable"
+            assert error is not None
+            assert session_id in error
+            one = client.get(f"/v1/sessions/{session_id}")
+            assert one.status_code == 200
+            assert one.json()["status"] == "unreadable"
+            for refused in (
+                client.post(f"/v1/sessions/{session_id}/messages", json={"text": "hi"}),
+                client.post(f"/v1/sessions/{session_id}/cancel"),
+                client.get(f"/v1/sessions/{session_id}/events"),
+                client.get(f"/v1/sessions/{session_id}/events/stream"),
+            ):
+                assert refused.status_code == 409, refused.text
+                assert "cannot be rebuilt from the log" in refused.json()["error"]["message"]
+        metrics = client.get("/v1/metrics").text
+        assert f'turnkeeper_sessions{{status="unreadable"}} {len(damaged)}' in metrics
+        assert 'turnkeeper_sessions{status="idle"} 1' in metrics
+        # The other session runs on.
+        accepted = client.post("/v1/sessions/good/messages", json={"text": "again"})
+        assert accepted.status_code == 202, accepted.text
+        assert settled(client, "good").text == answer_for("again")
+    said = [line for line in stderr.read_text().splitlines() if "session.unreadable" in line]
+    assert sorted(json.loads(line)["session_id"] for line in said) == sorted(damaged)

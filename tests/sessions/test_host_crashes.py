@@ -36,7 +36,7 @@ from tests.tools.test_handlers import cancelled_elsewhere
 from turnkeeper.core import ChatError, InputError, LogCorrupt, ToolResult
 from turnkeeper.events import Envelope, Failed, ToolCalled, ToolReturned
 from turnkeeper.logs import EventLog, JsonlLog, MemoryLog, SqliteLog
-from turnkeeper.sessions import Host, HostStopped, UnknownSession
+from turnkeeper.sessions import Host, HostStopped, SessionUnreadable
 from turnkeeper.state import replay
 from turnkeeper.tools import ToolContext
 
@@ -679,8 +679,12 @@ async def test_recovery_skips_an_unreadable_session_and_resumes_the_others() -> 
         assert host.counters["sessions_recovered"] == 1
         assert (await settle(host, "good")).text == answer_for(1)
         assert sorted(await host.sessions()) == ["broken", "good"]
-        with pytest.raises(UnknownSession, match="broken cannot be rebuilt"):
-            await host.status("broken")
+        info = await host.status("broken")
+        assert info.status == "unreadable"
+        assert info.error is not None
+        assert "seq 1" in info.error
+        with pytest.raises(SessionUnreadable, match="broken cannot be rebuilt"):
+            await host.send("broken", "hello")
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "jsonl"])
@@ -719,7 +723,11 @@ async def test_recovery_reads_session_by_session_past_a_damaged_row(
             assert host.counters["sessions_recovered"] == 2
             for name in ("good", "also-good"):
                 assert (await settle(host, name)).text == answer_for(1)
-            # That session alone fails, as one the host does not know; the count skips it.
-            with pytest.raises(UnknownSession, match="session damaged cannot be rebuilt"):
-                await host.status("damaged")
-            assert await host.statuses() == {"idle": 2}
+            # That session alone is quarantined: shown as unreadable, counted apart.
+            info = await host.status("damaged")
+            assert (info.status, info.seq) == ("unreadable", 0)
+            assert info.error is not None
+            assert "damaged" in info.error
+            with pytest.raises(SessionUnreadable, match="session damaged cannot be rebuilt"):
+                await host.events("damaged")
+            assert await host.statuses() == {"idle": 2, "unreadable": 1}

@@ -64,7 +64,7 @@ async def test_calls_run_one_at_a_time_in_call_order_and_refused_ones_do_not_run
         ToolUse("d", "count", {"n": 2}),
     ]
     hooks = Recording()
-    runner = ToolRunner(handler, timeout=None, limit=1)
+    runner = ToolRunner(handler, timeout=None, limit=1, max_chars=1_000)
     results = await runner.run(uses, hooks, session_id="s1", spec=SPEC, mcp=None)
     assert [result.tool_use_id for result in results] == ["a", "b", "c", "d"]
     assert results[0] == ToolResult("a", "counted 1")
@@ -103,7 +103,19 @@ async def test_calls_run_together_up_to_the_limit_with_results_in_call_order() -
         return str(args["n"])
 
     uses = [ToolUse(f"c{n}", "count", {"n": n}) for n in range(5)]
-    runner = ToolRunner(handler, timeout=None, limit=2)
+    runner = ToolRunner(handler, timeout=None, limit=2, max_chars=1_000)
     results = await runner.run(uses, Recording(), session_id="s1", spec=SPEC, mcp=None)
     assert [result.text for result in results] == ["0", "1", "2", "3", "4"]
     assert most == 2
+
+
+@pytest.mark.anyio
+async def test_a_result_longer_than_max_chars_is_cut_with_a_note() -> None:
+    async def handler(name: str, args: dict[str, Any], ctx: ToolContext) -> str:
+        return "x" * int(args["n"])
+
+    uses = [ToolUse("short", "count", {"n": 10}), ToolUse("long", "count", {"n": 25})]
+    runner = ToolRunner(handler, timeout=None, limit=8, max_chars=10)
+    short, long = await runner.run(uses, Recording(), session_id="s1", spec=SPEC, mcp=None)
+    assert short.text == "x" * 10
+    assert long.text.startswith("x" * 10 + "\n[turnkeeper: result cut: 15 of its 25 characters")

@@ -19,11 +19,13 @@ from turnkeeper.logs import MemoryLog
 from turnkeeper.providers import ScriptedChat, text_response, tool_response
 from turnkeeper.sessions import Host, run
 from turnkeeper.tools._handlers import (
+    MAX_TOOL_RESULT_CHARS,
     ToolContext,
     as_handler,
     as_text,
     check_call,
     coerce_call,
+    cut_result,
     run_each,
     run_tool,
 )
@@ -611,3 +613,31 @@ async def test_run_each_runs_every_call_at_most_limit_at_a_time(limit: int | Non
     assert most <= (limit or len(uses))
     if limit is not None and limit < len(uses):
         assert started == [use.id for use in uses]
+
+
+def test_a_result_within_the_limit_is_kept_and_a_longer_one_is_cut_with_a_note() -> None:
+    short = ToolResult("c1", "x" * 10)
+    assert cut_result(short, 10) is short
+    cut = cut_result(ToolResult("c1", "ab" * 10, is_error=True), 5)
+    assert cut.text.startswith("ababa\n[turnkeeper: result cut: 15 of its 20 characters")
+    assert "at most 5" in cut.text
+    assert (cut.tool_use_id, cut.is_error) == ("c1", True)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("raises", [False, True])
+async def test_run_tool_cuts_what_a_handler_gives_at_the_limit(raises: bool) -> None:
+    async def huge(name: str, args: dict[str, Any], ctx: ToolContext) -> str:
+        if raises:
+            raise RuntimeError("y" * 300_000)
+        return "y" * 300_000
+
+    use = ToolUse("c1", "clock", {})
+    ctx = ToolContext("s", "c1", "clock")
+    result = await run_tool(huge, use, ctx)
+    assert MAX_TOOL_RESULT_CHARS == 100_000
+    assert result.is_error == raises
+    assert len(result.text) < MAX_TOOL_RESULT_CHARS + 200
+    assert "characters are left out (a result may have at most 100000)" in result.text
+    kept = await run_tool(huge, use, ctx, max_chars=1_000_000)
+    assert len(kept.text) >= 300_000

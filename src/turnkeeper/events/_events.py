@@ -43,10 +43,17 @@ class MessageQueued(Event, frozen=True, tag="local.message_queued"):
     text: str
 
 
-class ToolResultsReceived(Event, frozen=True, tag="local.tool_results"):
-    """The results of the pending tool uses, in call order (possibly none)."""
+class ToolResultsReceived(Event, frozen=True, tag="local.tool_results", omit_defaults=True):
+    """The results of the pending tool uses, in call order (possibly none).
+
+    Each text is logged once: `logged` holds the positions in `results` of those whose
+    `local.tool_result`, earlier in the session, holds the same result; their text here is
+    empty, and `turnkeeper.state.results_of` gives them whole. (A log written before
+    `logged` holds every text here too, and reads the same.)
+    """
 
     results: tuple[ToolResult, ...]
+    logged: tuple[int, ...] = ()
 
 
 Counts = Literal["warning", "reprompt"]

@@ -45,6 +45,9 @@ _UPGRADE = (_SESSIONS_TRIGGER, f"PRAGMA user_version = {_SCHEMA_VERSION}")
 # sqlite3_db_readonly): a write that changes nothing, refused with SQLITE_READONLY when
 # SQLite opened the file read-only (its mode, or a read-only directory).
 _WRITE_PROBE = "DELETE FROM sessions WHERE 0"
+# Fails ("no such table: ...") unless both tables are there: a file missing one opens as
+# an error, not as a log whose every read of events fails.
+_TABLES_PROBE = "SELECT 1 FROM sessions, events LIMIT 0"
 _INTEGRITY_CHECK = "PRAGMA integrity_check"
 # Every row in position order, read from the table itself rather than through the index
 # that reads use.
@@ -231,6 +234,11 @@ def _read_only_connection(path: Path) -> sqlite3.Connection:
         if version == 0:
             raise LogError(f"{path}: not a turnkeeper event log (it has no log schema)")
         raise LogError(f"{path}: schema version {version} is not turnkeeper's ({_SCHEMA_VERSION})")
+    try:
+        connection.execute(_TABLES_PROBE)
+    except sqlite3.Error as exc:
+        connection.close()
+        raise sqlite_error(path, exc) from None
     return connection
 
 
@@ -264,6 +272,7 @@ def _connect(path: Path) -> tuple[sqlite3.Connection, sqlite3.Connection]:
             connections.append(configured_connection(path))
         _ensure_schema(connections[0], path)
         connections[0].execute(_WRITE_PROBE)
+        connections[0].execute(_TABLES_PROBE)
         # Checkpoints are the checkpointer's; the writer's own is a backstop.
         connections[0].execute(f"PRAGMA wal_autocheckpoint = {WRITER_CHECKPOINT_PAGES}")
     except BaseException as exc:

@@ -44,7 +44,7 @@ from turnkeeper.service._schemas import (
 from turnkeeper.service._tail import events_response, stream_response
 from turnkeeper.service._ui import UI_PREFIX, ui_mount
 from turnkeeper.service._unread import CloseUnreadBodies
-from turnkeeper.sessions import Host, UnknownSession, open_session
+from turnkeeper.sessions import Host, SessionInfo, SessionUnreadable, UnknownSession, open_session
 
 HEALTH_PATH = "/v1/healthz"
 _FIELD_PREFIX = re.compile(r"^(?P<field>[A-Za-z_][\w.\[\]]*): ")
@@ -160,9 +160,10 @@ class _Api:
         infos = []
         for session_id in page:
             try:
+                # One the log cannot rebuild is listed as "unreadable", saying why.
                 infos.append(await self.host.status(session_id))
             except UnknownSession:
-                continue  # in the log, but it cannot be rebuilt; the host has logged why
+                continue  # gone from the log since it was listed
         more = start + limit < len(ids)
         return json_response(SessionPage(infos, page[-1] if more and page else None))
 
@@ -204,7 +205,7 @@ class _Api:
 
     async def _check_waiting(self, session_id: str) -> None:
         """A 409 unless the session waits for tool results."""
-        info = await self.host.status(session_id)
+        info = await self._readable(session_id)
         if info.status != "requires_action":
             raise ApiError(
                 409, f"session {session_id} is {info.status}, not waiting for tool results"
@@ -227,7 +228,7 @@ class _Api:
         return await stream_response(
             request,
             self.host,
-            self.host.status,
+            self._readable,
             ping_seconds=self.ping_seconds,
             stopping=self.stopping,
         )
@@ -255,6 +256,14 @@ class _Api:
             raise ApiError(
                 422, f"{field}: {len(text)} characters, more than the limit of {limit}", field
             )
+
+    async def _readable(self, session_id: str) -> SessionInfo:
+        """The session's status; SessionUnreadable (a 409 naming what is wrong) if it is
+        quarantined."""
+        info = await self.host.status(session_id)
+        if info.status == "unreadable":
+            raise SessionUnreadable(session_id, info.error or "")
+        return info
 
     async def _exists(self, session_id: str) -> bool:
         try:

@@ -22,7 +22,7 @@ from turnkeeper.service._limits import Limits
 from turnkeeper.service._logging import log as _log
 from turnkeeper.service._strict import integral_floats_as_ints, unknown_field
 from turnkeeper.service._surrogates import lone_surrogate
-from turnkeeper.sessions import Busy, HostStopped, UnknownSession
+from turnkeeper.sessions import Busy, HostStopped, SessionUnreadable, UnknownSession
 
 _S = TypeVar("_S", bound=msgspec.Struct)
 Endpoint = Callable[[Request], Awaitable[Response]]
@@ -54,6 +54,9 @@ def guarded(endpoint: Endpoint) -> Endpoint:
             return await endpoint(request)
         except ApiError as exc:
             return exc.response()
+        except SessionUnreadable as exc:
+            # Listed (status "unreadable"), so not a 404: it is there, and nothing can be done.
+            return error_response(409, str(exc), "session_id")
         except UnknownSession as exc:
             return error_response(404, str(exc), "session_id")
         except Busy as exc:

@@ -175,6 +175,8 @@ def openapi_document(limits: Limits) -> dict[str, Any]:
             "get": _operation(
                 "listSessions",
                 "List sessions, oldest first, a page at a time",
+                "Sessions the log holds but cannot rebuild are listed with status "
+                "`unreadable` and `error` saying why.",
                 parameters=[
                     limit,
                     {
@@ -193,7 +195,10 @@ def openapi_document(limits: Limits) -> dict[str, Any]:
             "get": _operation(
                 "getSession",
                 "A session's status, pending tool calls, answer, result and usage",
-                "With `wait`, answers once the session is no longer running (or the wait is up).",
+                "With `wait`, answers once the session is no longer running (or the wait is "
+                "up). A session whose events in the log cannot be rebuilt (none, a gap in "
+                "their seqs, a damaged row) is quarantined: its status is `unreadable`, "
+                "`error` says what is wrong, and every action on it is refused (409).",
                 parameters=[_SESSION_ID, wait],
                 ok=("200", "The session", _json(SessionInfo)),
                 errors=(401, 404, 422, 503),
@@ -230,7 +235,7 @@ def openapi_document(limits: Limits) -> dict[str, Any]:
                 "Stop a session's work now and mark it cancelled",
                 parameters=[_SESSION_ID],
                 ok=("200", "The session, cancelled", _json(SessionInfo)),
-                errors=(401, 404, 503),
+                errors=(401, 404, 409, 503),
             )
         },
         "/v1/sessions/{session_id}/retry": {
@@ -267,7 +272,7 @@ def openapi_document(limits: Limits) -> dict[str, Any]:
                 "When there are none yet, waits up to `wait` seconds for one.",
                 parameters=[_SESSION_ID, after, wait, limit],
                 ok=("200", "Events in seq order", _json(EventPage)),
-                errors=(401, 404, 422, 503),
+                errors=(401, 404, 409, 422, 503),
             )
         },
         "/v1/sessions/{session_id}/events/stream": {
@@ -290,7 +295,7 @@ def openapi_document(limits: Limits) -> dict[str, Any]:
                     },
                 ],
                 ok=("200", "The event stream", {"text/event-stream": {"schema": _SSE_EVENT}}),
-                errors=(401, 404, 422, 503),
+                errors=(401, 404, 409, 422, 503),
             )
         },
         "/v1/inspector/sessions": {
@@ -496,7 +501,8 @@ _ERRORS = {
     401: "No token, another scheme, or a wrong token",
     404: "No such session (or route)",
     408: "The body did not arrive in full in time; the connection is closed",
-    409: "The session is not in a state that allows this",
+    409: "The session is not in a state that allows this (one that is `unreadable` allows "
+    "nothing: the message says what is wrong with its log)",
     413: "The body is too large",
     415: "The body is not `application/json`",
     422: "A field, parameter or header has the wrong type or value, is missing or unknown, "

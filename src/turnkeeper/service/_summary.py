@@ -10,7 +10,7 @@ holds it to the real fold, event by event). Pure: no I/O, no clock.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, get_args
 
 import msgspec
 
@@ -35,20 +35,10 @@ from turnkeeper.events import (
 from turnkeeper.sessions import HostStatus, Status
 from turnkeeper.state import initial_state
 
-ListedStatus = HostStatus | Literal["unreadable"]
-"""A Host's statuses, and `unreadable` for a session whose events do not make one (a log
-written by other means)."""
+ListedStatus = HostStatus
+"""A Host's statuses, `unreadable` among them: a session whose events do not make one."""
 
-LISTED_STATUSES: tuple[ListedStatus, ...] = (
-    "running",
-    "requires_action",
-    "idle",
-    "errored",
-    "halted",
-    "failed",
-    "cancelled",
-    "unreadable",
-)
+LISTED_STATUSES: tuple[ListedStatus, ...] = get_args(HostStatus)
 
 _PROMPT_CHARS = 120
 

@@ -8,6 +8,7 @@ from turnkeeper.sessions._host_records import (
     HostStatus,
     HostStopped,
     SessionInfo,
+    SessionUnreadable,
     UnknownSession,
 )
 from turnkeeper.sessions._inputs import Input, Kickoff, Resume, UserMessage
@@ -44,6 +45,7 @@ __all__ = [
     "RunResult",
     "SessionInfo",
     "SessionState",
+    "SessionUnreadable",
     "Status",
     "Terminal",
     "ToolResult",

@@ -26,6 +26,7 @@ from turnkeeper.core import (
     InputError,
     ToolResult,
     UnloggableEvent,
+    Usage,
     check_seconds,
 )
 from turnkeeper.events import AnyEvent, Cancelled, Envelope, MessageQueued, ToolReturned
@@ -35,6 +36,7 @@ from turnkeeper.sessions._host_records import (
     Busy,
     HostStopped,
     SessionInfo,
+    SessionUnreadable,
     UnknownSession,
     _logged,
     _Session,
@@ -75,6 +77,17 @@ class Host(HostActor, HostRecovery, HostResting):
     on their next use, which sees them exactly as if they had stayed. Sessions in use
     (running, waited on, in an API call) are never dropped and do not count. None: keep
     every session.
+
+    `step_timeout` bounds each model call (300 s unless set; None: no bound): a call that
+    takes longer fails as a transient chat error, logged, and leaves the session
+    `errored` (`retry` or a new message makes the call again). A result an in-process
+    handler returns longer than `max_tool_result_chars` is cut, with a note the model
+    reads saying how much was left out.
+
+    A session in the log that cannot be rebuilt (no events, a gap in its seqs, a damaged
+    row) is quarantined: logged once as `session.unreadable`, shown by `status` as
+    "unreadable" with why in `error`, refused by every other call (SessionUnreadable),
+    and counted apart by `statuses`; the other sessions recover and run.
     """
 
     async def __aenter__(self) -> Self:
@@ -129,7 +142,11 @@ class Host(HostActor, HostRecovery, HostResting):
         events, state = self._opening(spec, prompt, (), session_id, history, max_turns, guards)
         # The sessions this host knows; any other one already in the log (written by
         # another process, or unreadable at recovery) fails the append's seq check.
-        if state.session_id in self._sessions or state.session_id in self._starting:
+        if (
+            state.session_id in self._sessions
+            or state.session_id in self._starting
+            or state.session_id in self._unreadable
+        ):
             raise _taken(state.session_id)
         started = self._starting[state.session_id] = anyio.Event()
         try:
@@ -291,9 +308,12 @@ class Host(HostActor, HostRecovery, HostResting):
                 raise
 
     async def status(self, session_id: str) -> SessionInfo:
-        """The session as it is now."""
-        async with self._use(session_id) as session:
-            return self._info(session)
+        """The session as it is now (status "unreadable" for one its log cannot rebuild)."""
+        try:
+            async with self._use(session_id) as session:
+                return self._info(session)
+        except SessionUnreadable as exc:
+            return _unreadable_info(session_id, exc.reason)
 
     async def result(self, session_id: str, *, wait: float | None = None) -> SessionInfo:
         """The session once it is at rest (not running), or as it is after `wait` seconds.
@@ -360,18 +380,22 @@ class Host(HostActor, HostRecovery, HostResting):
         return await self.log.sessions()
 
     async def statuses(self) -> dict[str, int]:
-        """How many of the log's sessions have each status, as `status` gives it (sessions
-        that cannot be rebuilt are left out). A session dropped from memory counts with
-        the status it rested in, without being read back."""
+        """How many of the log's sessions have each status, as `status` gives it (those
+        that cannot be rebuilt as "unreadable"). A session dropped from memory counts
+        with the status it rested in, without being read back."""
         counts: dict[str, int] = {}
         for session_id in await self.log.sessions():
             held = self._sessions.get(session_id)
             status = self._status(held) if held is not None else self._dropped.get(session_id)
+            if status is None and session_id in self._unreadable:
+                status = "unreadable"
             if status is None:
-                # Never read by this host (unreadable at recovery, or logged by another).
+                # Never read by this host (logged by another since it started).
                 try:
                     async with self._use(session_id) as session:
                         status = self._status(session)
+                except SessionUnreadable:
+                    status = "unreadable"
                 except UnknownSession:
                     continue
             counts[status] = counts.get(status, 0) + 1
@@ -422,3 +446,20 @@ def _check_text(name: str, value: object) -> None:
             value.encode()
         except UnicodeEncodeError as exc:
             raise UnloggableEvent(f"{name}: cannot encode event: {exc}") from None
+
+
+def _unreadable_info(session_id: str, reason: str) -> SessionInfo:
+    """A quarantined session as `status` shows it: nothing known but why."""
+    return SessionInfo(
+        session_id=session_id,
+        status="unreadable",
+        pending=(),
+        stop_reason=None,
+        text=None,
+        result=None,
+        usage=Usage(),
+        polls=0,
+        seq=0,
+        queued=0,
+        error=reason,
+    )

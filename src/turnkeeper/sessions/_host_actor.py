@@ -250,7 +250,12 @@ class HostActor(HostBase):
         call order (bad calls are answered without running); results in call order. MCP
         server failures are logged as they come back."""
         calls = _HostCalls(self, session)
-        runner = ToolRunner(self._handler, timeout=self.tool_timeout, limit=self.tool_concurrency)
+        runner = ToolRunner(
+            self._handler,
+            timeout=self.tool_timeout,
+            limit=self.tool_concurrency,
+            max_chars=self.max_tool_result_chars,
+        )
         state = session.state
         results = await runner.run(
             uses, calls, session_id=state.session_id, spec=state.spec, mcp=session.mcp

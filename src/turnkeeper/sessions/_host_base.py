@@ -37,8 +37,9 @@ from turnkeeper.sessions._host_records import (
 )
 from turnkeeper.sessions._poll import emit
 from turnkeeper.sessions._slots import Slots
+from turnkeeper.sessions._step_timeout import STEP_TIMEOUT, check_step_timeout, timed_chat
 from turnkeeper.state import SessionState
-from turnkeeper.tools import McpPool, Tools, as_handler
+from turnkeeper.tools import MAX_TOOL_RESULT_CHARS, McpPool, Tools, as_handler
 from turnkeeper.tracing import AgentSpan, agent_span, traced_chat
 
 _std_log = logging.getLogger("turnkeeper.host")
@@ -76,6 +77,8 @@ class HostBase:
         stop_grace: float = 10.0,
         tool_concurrency: int = 8,
         tool_timeout: float | None = None,
+        step_timeout: float | None = STEP_TIMEOUT,
+        max_tool_result_chars: int = MAX_TOOL_RESULT_CHARS,
         max_model_calls: int | None = None,
         max_resting: int | None = 10_000,
         clock: Callable[[], float] = time.time,
@@ -99,7 +102,11 @@ class HostBase:
         check_seconds("Host: stop_grace", stop_grace)
         if tool_timeout is not None:
             check_seconds("Host: tool_timeout", tool_timeout, positive=True, optional=True)
-        self.chat = traced_chat(chat)
+        check_step_timeout("Host: step_timeout", step_timeout)
+        check_count("Host: max_tool_result_chars", max_tool_result_chars, 1)
+        self.step_timeout = step_timeout
+        self.max_tool_result_chars = max_tool_result_chars
+        self.chat = traced_chat(timed_chat(chat, step_timeout))
         # A MemoryLog the host makes is never closed: closing it releases nothing, and a
         # closed one would refuse the reads that go on working after a stop.
         self.log = log if log is not None else MemoryLog()
@@ -137,6 +144,8 @@ class HostBase:
         self._dropped_crashes: dict[str, list[float]] = {}
         # Reads of sessions the host does not hold, in flight, by id (see `_read_back`).
         self._loading: dict[str, int] = {}
+        # The log's sessions that cannot be rebuilt, with why: quarantined, logged once.
+        self._unreadable: dict[str, str] = {}
         # Sessions being started, set once `start` has made its record or failed: a call
         # that read one back from the log meanwhile would make a second record, and a
         # second task running the session beside the first.

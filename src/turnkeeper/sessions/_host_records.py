@@ -16,12 +16,21 @@ from turnkeeper.tools import McpTools, check_call
 from turnkeeper.tracing import AgentSpan
 
 HostStatus = Literal[
-    "running", "requires_action", "idle", "errored", "halted", "failed", "cancelled"
+    "running",
+    "requires_action",
+    "idle",
+    "errored",
+    "halted",
+    "failed",
+    "cancelled",
+    "unreadable",
 ]
 """running: working (or about to). requires_action: waits for tool results from outside.
 idle: the turn ended, waits for a message. errored: the model stayed unreachable after
 retries (`retry` or a new message resumes it). halted: a guard stopped it. failed: it
-crashed too often. cancelled: cancelled from outside."""
+crashed too often. cancelled: cancelled from outside. unreadable: its events in the log
+cannot be rebuilt into a session (no events, a gap, a damaged row); the host leaves it
+alone (quarantined) and `error` says why."""
 
 
 class Busy(TurnkeeperError):
@@ -30,6 +39,16 @@ class Busy(TurnkeeperError):
 
 class UnknownSession(TurnkeeperError, LookupError):
     """No session has this id."""
+
+
+class SessionUnreadable(UnknownSession):
+    """The log holds the session, but its events cannot be rebuilt into one (it is
+    quarantined: status "unreadable"); `reason` says why."""
+
+    def __init__(self, session_id: str, reason: str) -> None:
+        super().__init__(f"session {session_id} cannot be rebuilt from the log: {reason}")
+        self.session_id = session_id
+        self.reason = reason
 
 
 class HostStopped(TurnkeeperError):

@@ -10,7 +10,13 @@ from contextlib import asynccontextmanager
 
 from turnkeeper.core import LogCorrupt, LogError, ReplayError, SeqError, gc_paused
 from turnkeeper.sessions._host_base import HostBase, _log, _std_log
-from turnkeeper.sessions._host_records import UnknownSession, _logged, _Session, _session_of
+from turnkeeper.sessions._host_records import (
+    SessionUnreadable,
+    UnknownSession,
+    _logged,
+    _Session,
+    _session_of,
+)
 from turnkeeper.sessions._rebuild import rebuilt_on, runs_by_page
 from turnkeeper.state import replay
 
@@ -44,7 +50,7 @@ class HostRecovery(HostBase):
                 self._dropped.clear()
                 unread, broken = set(session_ids), {}
             for session_id, error in broken.items():
-                _log.error("session.unreadable", session_id=session_id, error=str(error))
+                self._quarantine(session_id, str(error))
             for session_id in session_ids:
                 if session_id not in unread and (
                     session_id in self._sessions or session_id in self._dropped
@@ -54,8 +60,8 @@ class HostRecovery(HostBase):
                     continue
                 try:
                     self._sessions[session_id] = await self._read(session_id)
-                except LogError as exc:
-                    _log.error("session.unreadable", session_id=session_id, error=str(exc))
+                except (LogError, UnknownSession) as exc:
+                    self._quarantine(session_id, _why_unreadable(exc))
             # One transition line for each session held. Those the pass left at rest first,
             # in their order (least recently logged first), which noting each keeps.
             let_go = dict(self._dropped)
@@ -113,6 +119,13 @@ class HostRecovery(HostBase):
                     self._unused(session)
         return unread, broken
 
+    def _quarantine(self, session_id: str, reason: str) -> None:
+        """Leave a session whose events cannot be rebuilt alone for the host's life,
+        saying why once: it shows as "unreadable", and every other session goes on."""
+        if session_id not in self._unreadable:
+            self._unreadable[session_id] = reason
+            _log.error("session.unreadable", session_id=session_id, error=reason)
+
     async def _read(self, session_id: str) -> _Session:
         events = await self.log.read(session_id)
         if not events:
@@ -138,6 +151,8 @@ class HostRecovery(HostBase):
         if not isinstance(session_id, str) or not session_id:
             raise UnknownSession(f"no session {session_id!r}")
         session = self._sessions.get(session_id)
+        if session is None and session_id in self._unreadable:
+            raise SessionUnreadable(session_id, self._unreadable[session_id])
         starting = self._starting.get(session_id)
         if session is None and starting is not None:
             await starting.wait()
@@ -147,7 +162,8 @@ class HostRecovery(HostBase):
                 session = await self._read_back(session_id)
             except (ReplayError, SeqError, LogCorrupt) as exc:
                 # Its events are damaged, not the log unreadable: this session alone fails.
-                raise UnknownSession(f"session {session_id} cannot be rebuilt: {exc}") from None
+                self._quarantine(session_id, str(exc))
+                raise SessionUnreadable(session_id, str(exc)) from None
         else:
             session.users += 1
         # A session with work and no task (recovered, or read from the log) gets one; so
@@ -190,3 +206,11 @@ class HostRecovery(HostBase):
         session.users += 1
         self._note(session)
         return session
+
+
+def _why_unreadable(exc: LogError | UnknownSession) -> str:
+    """Why recovery could not rebuild a session, from what reading it raised."""
+    if isinstance(exc, LogError):
+        return str(exc)
+    # Listed by the log (a sessions row, an order entry) with no events to rebuild it from.
+    return "the log lists the session but holds none of its events"

@@ -38,12 +38,11 @@ from turnkeeper.events import (
     ReplyReplaced,
     SessionOpened,
     TerminalToolCalled,
-    ToolResultsReceived,
 )
 from turnkeeper.guards import Guard, GuardView, Reply, default_guards, window
 from turnkeeper.sessions._inputs import Input, Kickoff, Resume, UserMessage
 from turnkeeper.sessions._plain import is_plain_json
-from turnkeeper.state import SessionState, apply_event
+from turnkeeper.state import SessionState, apply_event, results_received
 
 _json = msgspec.json.Encoder()
 _decode = msgspec.json.Decoder(dict[str, Any]).decode
@@ -100,7 +99,8 @@ def begin_poll(
         log.push(MessageReceived(text=text), now)
     elif isinstance(input, Resume):
         results = _match_results(state, input)
-        log.push(ToolResultsReceived(results=tuple(map(_second, results))), now)
+        # Each result logged once: one its `local.tool_result` holds is given by position.
+        log.push(results_received(state.returned, tuple(map(_second, results))), now)
     else:
         raise InputError(f"input: expected Kickoff, UserMessage or Resume, got {input!r:.80}")
     verdict = guard(GuardView("before_call", log.state, now, results=results))

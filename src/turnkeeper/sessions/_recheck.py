@@ -32,7 +32,7 @@ from turnkeeper.guards import Guard, default_guards
 from turnkeeper.sessions._inputs import Input, Resume, UserMessage
 from turnkeeper.sessions._poll import begin_poll, end_poll
 from turnkeeper.sessions._run import RUNNER_HALTS
-from turnkeeper.state import SessionState, apply_event, initial_state, replay
+from turnkeeper.state import SessionState, apply_event, initial_state, replay, whole_results
 
 
 class Divergence(msgspec.Struct, frozen=True):
@@ -116,7 +116,8 @@ def _input_of(state: SessionState, event: MessageReceived | ToolResultsReceived)
     """The input of a poll, from its logged event."""
     if isinstance(event, MessageReceived):
         return UserMessage(event.text)
-    return Resume(state.pending, event.results)
+    where = f"session {state.session_id}: seq {state.seq + 1}"
+    return Resume(state.pending, whole_results(state.returned, event, where))
 
 
 def _end(

@@ -21,6 +21,7 @@ from turnkeeper.core import (
     ToolResult,
     ToolUse,
     Usage,
+    check_count,
 )
 from turnkeeper.events import (
     AnyEvent,
@@ -37,9 +38,18 @@ from turnkeeper.sessions._inputs import Input, Kickoff, Resume
 from turnkeeper.sessions._normalize import Terminal, TurnResult, normalize
 from turnkeeper.sessions._open import open_session
 from turnkeeper.sessions._poll import begin_poll, emit, opened_event
+from turnkeeper.sessions._step_timeout import STEP_TIMEOUT, check_step_timeout, timed_chat
 from turnkeeper.sessions._tool_runner import ToolRunner
 from turnkeeper.state import SessionState
-from turnkeeper.tools import McpPool, McpTools, Tools, as_handler, check_call, coerce_call
+from turnkeeper.tools import (
+    MAX_TOOL_RESULT_CHARS,
+    McpPool,
+    McpTools,
+    Tools,
+    as_handler,
+    check_call,
+    coerce_call,
+)
 from turnkeeper.tracing import AgentSpan, agent_span, traced_chat
 
 TurnGuard = Callable[[Usage, int], str | None]
@@ -152,6 +162,8 @@ async def run(
     session_id: str | None = None,
     tool_concurrency: int = 8,
     tool_timeout: float | None = None,
+    step_timeout: float | None = STEP_TIMEOUT,
+    max_tool_result_chars: int = MAX_TOOL_RESULT_CHARS,
     clock: Callable[[], float] = time.time,
     mcp: McpPool | None = None,
 ) -> RunResult:
@@ -168,6 +180,10 @@ async def run(
     through the protocol, on the connections of `mcp` (a pool shared with other
     sessions) or of a pool of the run's own. Without `tools`, the run still calls them,
     and stops for results from outside only when another tool is called.
+
+    `step_timeout` bounds each model call (300 s unless set; None: no bound): a call that
+    takes longer fails as a chat error does, logged, and halts the run. A handler's result
+    longer than `max_tool_result_chars` is cut, with a note the model reads saying so.
     """
     config = guards if guards is not None else GuardConfig()
     if require_terminal_tool or max_reprompts != 2:
@@ -177,6 +193,8 @@ async def run(
         )
     if tool_concurrency < 1:
         raise InputError(f"tool_concurrency: expected at least 1, got {tool_concurrency}")
+    check_step_timeout("step_timeout", step_timeout)
+    check_count("max_tool_result_chars", max_tool_result_chars, 1)
     handler = as_handler(tools) if tools is not None else None
     async with AsyncExitStack() as stack:
         mcp_tools: McpTools | None = None
@@ -188,9 +206,11 @@ async def run(
             spec, session_id=session_id, history=history, max_turns=max_turns, guards=config
         )
         runner = _Runner(state, on_event, clock)
-        tool_runner = ToolRunner(handler, timeout=tool_timeout, limit=tool_concurrency)
+        tool_runner = ToolRunner(
+            handler, timeout=tool_timeout, limit=tool_concurrency, max_chars=max_tool_result_chars
+        )
         runner.span = stack.enter_context(agent_span(state, prompt=prompt))
-        traced = traced_chat(chat)
+        traced = traced_chat(timed_chat(chat, step_timeout))
         if mcp_tools is not None and mcp_tools.events:
             # Start-up failures are logged after the session's opening event.
             await runner.emit(opened_event(state))

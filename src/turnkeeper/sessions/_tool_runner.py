@@ -35,12 +35,16 @@ class ToolCalls(Protocol):
 
 class ToolRunner:
     """Runs calls with `handler` (or on their MCP server), at most `limit` at a time and
-    started in call order, each within `timeout` seconds."""
+    started in call order, each within `timeout` seconds; a handler's result longer than
+    `max_chars` is cut, with a note saying so."""
 
-    def __init__(self, handler: ToolHandler | None, *, timeout: float | None, limit: int) -> None:
+    def __init__(
+        self, handler: ToolHandler | None, *, timeout: float | None, limit: int, max_chars: int
+    ) -> None:
         self.handler = handler
         self.timeout = timeout
         self.limit = limit
+        self.max_chars = max_chars
 
     async def run(
         self,
@@ -73,7 +77,9 @@ class ToolRunner:
                         await calls.failed(failure)
                 else:
                     assert handler is not None
-                    result = await run_tool(handler, use, ctx, timeout=timeout)
+                    result = await run_tool(
+                        handler, use, ctx, timeout=timeout, max_chars=self.max_chars
+                    )
                 span.result(result, failure)
             results[use.id] = result
             await calls.finished(use, result, ran=True)

@@ -1,6 +1,7 @@
 """State: SessionState, the pure fold that advances it by one event, and replay."""
 
 from turnkeeper.state._replay import replay
+from turnkeeper.state._results import results_of, results_received, whole_results
 from turnkeeper.state._state import SessionState, Status, apply_event, fold, initial_state
 
 __all__ = [
@@ -10,4 +11,7 @@ __all__ = [
     "fold",
     "initial_state",
     "replay",
+    "results_of",
+    "results_received",
+    "whole_results",
 ]

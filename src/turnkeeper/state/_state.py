@@ -50,6 +50,7 @@ from turnkeeper.events import (
     ToolResultsReceived,
     ToolReturned,
 )
+from turnkeeper.state._results import results_of, whole_results
 
 Status = Literal["idle", "running", "requires_action", "halted", "cancelled", "failed"]
 """idle: waits for a user message. running: the model should be called (again).
@@ -481,8 +482,9 @@ def _apply_response(state: SessionState, event: Any, envelope: Envelope) -> Sess
 
 def _apply_results(state: SessionState, event: Any, envelope: Envelope) -> SessionState:
     seq = envelope.seq
+    results = whole_results(state.returned, event, f"session {state.session_id}: seq {seq}")
     by_id = {use.id: use for use in state.pending}
-    answered = [result.tool_use_id for result in event.results]
+    answered = [result.tool_use_id for result in results]
     if len(answered) != len(by_id) or set(answered) != by_id.keys():
         raise ReplayError(
             f"session {state.session_id}: seq {seq} answers tool calls {answered}, "
@@ -491,7 +493,7 @@ def _apply_results(state: SessionState, event: Any, envelope: Envelope) -> Sessi
     messages: list[Message] = []
     # Only a result that changes what the episode remembers needs a _Memory: most do not.
     memory: _Memory | None = None
-    for result in event.results:
+    for result in results:
         message = _answer(result)
         messages.append(message)
         use = by_id[result.tool_use_id]
@@ -768,9 +770,9 @@ class _Trip:
         nothing else to do: results in call order, no error or error count to change, no
         answer loop detection must remember or compare, no deferred directive. False, and
         nothing changed, otherwise."""
-        results = event.results
+        results = results_of(self.returned, event)
         pending = self.pending
-        if len(results) != len(pending) or self.state.deferred:
+        if results is None or len(results) != len(pending) or self.state.deferred:
             return False
         closable = self.closable
         for index, result in enumerate(results):

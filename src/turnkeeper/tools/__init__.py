@@ -3,6 +3,7 @@
 from turnkeeper.core import coerce, validate
 from turnkeeper.tools._examples import EXAMPLE_TOOLS
 from turnkeeper.tools._handlers import (
+    MAX_TOOL_RESULT_CHARS,
     ToolContext,
     ToolFunctions,
     ToolHandler,
@@ -10,6 +11,7 @@ from turnkeeper.tools._handlers import (
     as_handler,
     check_call,
     coerce_call,
+    cut_result,
     handled_as_error,
     run_each,
     run_tool,
@@ -18,6 +20,7 @@ from turnkeeper.tools._mcp import McpError, McpPool, McpTools, mcp_servers_from_
 
 __all__ = [
     "EXAMPLE_TOOLS",
+    "MAX_TOOL_RESULT_CHARS",
     "McpError",
     "McpPool",
     "McpTools",
@@ -29,6 +32,7 @@ __all__ = [
     "check_call",
     "coerce",
     "coerce_call",
+    "cut_result",
     "handled_as_error",
     "mcp_servers_from_commands",
     "run_each",

@@ -116,16 +116,37 @@ async def _call(handler: ToolHandler, use: ToolUse, ctx: ToolContext) -> Any:
     return await value if inspect.isawaitable(value) else value
 
 
+MAX_TOOL_RESULT_CHARS = 100_000
+"""The longest result text a handler's call gives the model by default (as long as the
+HTTP API takes from outside): a longer one is cut, with a note saying so."""
+
+
+def cut_result(result: ToolResult, max_chars: int) -> ToolResult:
+    """`result` with its text cut to `max_chars` characters if it is longer, followed by a
+    note the model can read saying how much was left out."""
+    text = result.text
+    if len(text) <= max_chars:
+        return result
+    left_out = len(text) - max_chars
+    note = (
+        f"\n[turnkeeper: result cut: {left_out} of its {len(text)} characters are left out "
+        f"(a result may have at most {max_chars})]"
+    )
+    return ToolResult(result.tool_use_id, text[:max_chars] + note, is_error=result.is_error)
+
+
 async def run_tool(
     handler: ToolHandler,
     use: ToolUse,
     ctx: ToolContext,
     *,
     timeout: float | None = None,
+    max_chars: int = MAX_TOOL_RESULT_CHARS,
 ) -> ToolResult:
     """Run one checked call. A handler that raises, times out or returns something that
     is not text or JSON gives an error result carrying why, never an exception. The
-    result's text can always be logged: lone surrogates in it become "?"."""
+    result's text can always be logged: lone surrogates in it become "?"; and it is at
+    most `max_chars` long (see `cut_result`)."""
     value: Any = None
     try:
         if timeout is None:
@@ -140,9 +161,9 @@ async def run_tool(
     except BaseException as exc:
         if not handled_as_error(exc):
             raise
-        return ToolResult(use.id, _error_text(exc), is_error=True)
+        return cut_result(ToolResult(use.id, _error_text(exc), is_error=True), max_chars)
     try:
-        return ToolResult(use.id, as_text(value))
+        return cut_result(ToolResult(use.id, as_text(value)), max_chars)
     # Any value a handler returns may fail to encode: a foreign type, a lone surrogate, a cycle.
     except (TypeError, ValueError, RecursionError, msgspec.EncodeError) as exc:
         returned = f"{use.name} returned {type(value).__name__}, not text: {exc}"

@@ -36,6 +36,7 @@ const page = {
   last: 0, // the last seq drawn
   poll: 0, // polls so far: each input (a user message, tool results) starts one
   calls: new Map(), // tool call id -> {name, at}: the call's name and when it was made
+  returned: new Map(), // tool call id -> the text of its last local.tool_result
   items: new Map(), // seq -> the timeline item
   envelopes: new Map(), // seq -> the envelope
   refreshing: null,
@@ -131,7 +132,9 @@ function describe(envelope) {
     case "local.message_queued":
       return { title: "Message queued (the session was busy)", body: [text(event.text)] };
     case "local.tool_results": {
-      const body = event.results.map((result) =>
+      // A result its local.tool_result holds is logged there only (its position in `logged`).
+      const logged = new Set(event.logged ?? []);
+      const body = event.results.map((result, index) =>
         el(
           "div",
           { class: `result${result.is_error ? " error" : ""}` },
@@ -141,7 +144,7 @@ function describe(envelope) {
             " ",
             took(result.tool_use_id, at),
           ),
-          text(result.text),
+          text(logged.has(index) ? (page.returned.get(result.tool_use_id) ?? "") : result.text),
         ),
       );
       return {
@@ -184,6 +187,7 @@ function describe(envelope) {
       return { title: "Tool call", body };
     }
     case "local.tool_result":
+      page.returned.set(event.tool_call_id, event.text);
       return {
         title: event.is_error ? "Tool error" : "Tool result",
         body: [

@@ -20,6 +20,7 @@ from turnkeeper.events._events import (
     SessionOpened,
     TerminalToolCalled,
     ToolCalled,
+    ToolMayHaveRun,
     ToolResultsReceived,
     ToolReturned,
 )
@@ -43,6 +44,7 @@ __all__ = [
     "SessionOpened",
     "TerminalToolCalled",
     "ToolCalled",
+    "ToolMayHaveRun",
     "ToolResultsReceived",
     "ToolReturned",
     "decode_envelope",

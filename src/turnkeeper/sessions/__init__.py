@@ -1,6 +1,7 @@
 """Sessions: state, inputs, poll_turn, normalize, and running a session to completion."""
 
 from turnkeeper.core import AgentSpec, Chat, ChatError, ToolResult, ToolSpec, ToolUse, Usage
+from turnkeeper.sessions._fleet import FleetHost, session_id_for
 from turnkeeper.sessions._host import (
     Busy,
     Host,
@@ -35,6 +36,7 @@ __all__ = [
     "ChatError",
     "Divergence",
     "EventCallback",
+    "FleetHost",
     "Host",
     "HostStatus",
     "HostStopped",
@@ -69,4 +71,5 @@ __all__ = [
     "poll_turn",
     "recheck",
     "run",
+    "session_id_for",
 ]

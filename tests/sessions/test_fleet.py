@@ -1,0 +1,192 @@
+"""FleetHost: workers sharing one PostgreSQL log, in one process (the multi-process fault
+test is tests/service/test_fleet_faults.py)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import pytest
+
+from tests.logs.test_postgres_log import eventually, expire, query
+from tests.service.server_main import ASK_SPEC, LOOKUP_SPEC, answer_for, chat
+from turnkeeper.core import InputError, ToolResult
+from turnkeeper.events import ToolMayHaveRun, ToolReturned
+from turnkeeper.logs import PostgresLog
+from turnkeeper.sessions import FleetHost, SessionInfo, UnknownSession, session_id_for
+from turnkeeper.tools import ToolContext
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "trio"
+
+
+async def lookup(key: str) -> str:
+    return key.upper()
+
+
+@asynccontextmanager
+async def worker(
+    url: str, name: str, *, lease: float = 5.0, tools: Any = None
+) -> AsyncIterator[FleetHost]:
+    async with (
+        PostgresLog(url, worker_id=name, lease=lease, requery=0.2) as log,
+        FleetHost(chat=chat, log=log, tools=tools or {"lookup": lookup}, scan_interval=0.2) as host,
+    ):
+        yield host
+
+
+def seqs_and_epochs(url: str, session_id: str) -> list[tuple[int, int]]:
+    return [
+        (seq, epoch)
+        for seq, epoch in query(
+            url,
+            "SELECT seq, epoch FROM turnkeeper_events WHERE session_id = %s ORDER BY seq",
+            (session_id,),
+        )
+    ]
+
+
+def check_log(url: str, session_id: str) -> None:
+    """The session's seqs run 1..n and its epochs never go down along them."""
+    rows = seqs_and_epochs(url, session_id)
+    assert [seq for seq, _ in rows] == list(range(1, len(rows) + 1))
+    epochs = [epoch for _, epoch in rows]
+    assert epochs == sorted(epochs)
+
+
+@pytest.mark.anyio
+async def test_any_worker_serves_a_session_another_owns(postgres_url: str) -> None:
+    async with worker(postgres_url, "a") as a, worker(postgres_url, "b") as b:
+        session_id = await a.start(ASK_SPEC, "q")
+        info = await b.result(session_id, wait=30)
+        # B read it from the log: it waits for the human, and B does not own it.
+        assert info.status == "requires_action"
+        assert b.shared.epoch(session_id) is None
+        (asked,) = info.pending
+        await b.submit_tool_results(session_id, [ToolResult(asked.id, "yes")])
+        done = await b.result(session_id, wait=30)
+        assert done.status == "idle"
+        assert done.text == answer_for("q", "yes")
+        # A ran it all, and consumed B's request from the inbox.
+        assert a.shared.epoch(session_id) is not None
+        assert b.shared.epoch(session_id) is None
+        await b.send(session_id, "again")
+        again = await eventually(lambda: _rested_after(a, session_id, done.seq))
+        assert isinstance(again, SessionInfo)
+        assert again.text == answer_for("again", "yes") or again.status == "requires_action"
+        events = await b.events(session_id)
+        assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    check_log(postgres_url, session_id)
+    (consumed,) = query(postgres_url, "SELECT count(*) FROM turnkeeper_inbox")
+    assert consumed[0] == 2
+    assert query(postgres_url, "SELECT count(*) FROM turnkeeper_inbox WHERE consumed IS NULL") == [
+        (0,)
+    ]
+
+
+async def _rested_after(host: FleetHost, session_id: str, seq: int) -> SessionInfo | None:
+    info = await host.status(session_id)
+    return info if info.seq > seq and info.status != "running" else None
+
+
+@pytest.mark.anyio
+async def test_a_request_with_an_idempotency_key_is_done_once(postgres_url: str) -> None:
+    async with worker(postgres_url, "a") as a, worker(postgres_url, "b") as b:
+        session_id = await a.start(ASK_SPEC, "q", request_id="create-1")
+        assert session_id == session_id_for("create-1")
+        with pytest.raises(InputError, match="already exists"):
+            await b.start(ASK_SPEC, "q", request_id="create-1")
+        info = await a.result(session_id, wait=30)
+        (asked,) = info.pending
+        results = [ToolResult(asked.id, "yes")]
+        await b.submit_tool_results(session_id, results, request_id="results-1")
+        # Sent again, to either worker: nothing more happens.
+        await a.submit_tool_results(session_id, results, request_id="results-1")
+        await b.submit_tool_results(session_id, results, request_id="results-1")
+        done = await b.result(session_id, wait=30)
+        assert done.text == answer_for("q", "yes")
+        returned = [e for e in await b.events(session_id) if isinstance(e.event, ToolReturned)]
+        assert [e.event.tool_call_id for e in returned].count(asked.id) == 1
+        # A refusal comes back to the worker that posted the request.
+        with pytest.raises(InputError, match="not waiting for tool results"):
+            await b.submit_tool_results(session_id, results, request_id="results-2")
+        with pytest.raises(UnknownSession):
+            await b.send("local_nosuchsession", "hi")
+    check_log(postgres_url, session_id)
+
+
+@pytest.mark.anyio
+async def test_a_session_at_rest_with_no_live_owner_goes_to_the_worker_asked(
+    postgres_url: str,
+) -> None:
+    async with worker(postgres_url, "a") as a:
+        session_id = await a.start(LOOKUP_SPEC, "q")
+        await a.result(session_id, wait=30)
+    # A stopped and released it at rest: no scan takes it, the first request does.
+    async with worker(postgres_url, "b") as b:
+        await anyio.sleep(0.5)
+        assert b.shared.epoch(session_id) is None
+        await b.send(session_id, "r")
+        assert b.shared.epoch(session_id) is not None
+        done = await b.result(session_id, wait=30)
+        assert done.text == answer_for("r")
+    check_log(postgres_url, session_id)
+
+
+@pytest.mark.anyio
+async def test_a_dead_workers_call_in_flight_runs_again_marked_and_the_old_owner_writes_nothing(
+    postgres_url: str,
+) -> None:
+    runs: list[tuple[str, str]] = []
+    release = anyio.Event()
+
+    async def blocking(name: str, args: dict[str, Any], ctx: ToolContext) -> str:
+        runs.append((ctx.idempotency_key, "first" if not runs else "again"))
+        if len(runs) == 1:
+            await release.wait()
+        return str(args["key"]).upper()
+
+    async with worker(postgres_url, "a", lease=60, tools=blocking) as a:
+        session_id = await a.start(LOOKUP_SPEC, "q")
+        await eventually(lambda: _true(bool(runs)))
+        seq_before = await a.log.last_seq(session_id)
+        await expire(postgres_url, a.shared)
+        async with worker(postgres_url, "b", tools=blocking) as b:
+            done = await eventually(lambda: _rested_after(b, session_id, seq_before))
+            assert isinstance(done, SessionInfo)
+            assert done.text == answer_for("q")
+            assert b.shared.takeovers == 1
+            # The old owner's handler returns now: its result is fenced out.
+            last = await a.log.last_seq(session_id)
+            release.set()
+            await eventually(lambda: _true(a.shared.fence_losses > 0))
+            assert await a.log.last_seq(session_id) == last
+            assert a.shared.epoch(session_id) is None
+            events = await b.events(session_id)
+    marks = [e.event for e in events if isinstance(e.event, ToolMayHaveRun)]
+    assert [m.tool_call_id for m in marks] == [runs[0][0].split(":", 1)[1]]
+    assert runs[0][0] == runs[1][0] == f"{session_id}:{marks[0].tool_call_id}"
+    check_log(postgres_url, session_id)
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+@pytest.mark.anyio
+async def test_a_graceful_stop_hands_running_sessions_to_another_worker_at_once(
+    postgres_url: str,
+) -> None:
+    async with worker(postgres_url, "b") as b:
+        async with worker(postgres_url, "a") as a:
+            session_id = await a.start(LOOKUP_SPEC, "slow-q")
+            await a.stop(grace=0)
+        done = await b.result(session_id, wait=30)
+        assert done.text == answer_for("slow-q")
+        assert b.shared.takeovers == 0
+        assert b.shared.epoch(session_id) is not None
+    check_log(postgres_url, session_id)

@@ -109,8 +109,12 @@ async def test_a_request_with_an_idempotency_key_is_done_once(postgres_url: str)
         await b.submit_tool_results(session_id, results, request_id="results-1")
         done = await b.result(session_id, wait=30)
         assert done.text == answer_for("q", "yes")
-        returned = [e for e in await b.events(session_id) if isinstance(e.event, ToolReturned)]
-        assert [e.event.tool_call_id for e in returned].count(asked.id) == 1
+        returned = [
+            e.event.tool_call_id
+            for e in await b.events(session_id)
+            if isinstance(e.event, ToolReturned)
+        ]
+        assert returned.count(asked.id) == 1
         # A refusal comes back to the worker that posted the request.
         with pytest.raises(InputError, match="not waiting for tool results"):
             await b.submit_tool_results(session_id, results, request_id="results-2")
@@ -154,6 +158,7 @@ async def test_a_dead_workers_call_in_flight_runs_again_marked_and_the_old_owner
         session_id = await a.start(LOOKUP_SPEC, "q")
         await eventually(lambda: _true(bool(runs)))
         seq_before = await a.log.last_seq(session_id)
+        assert isinstance(a.shared, PostgresLog)
         await expire(postgres_url, a.shared)
         async with worker(postgres_url, "b", tools=blocking) as b:
             done = await eventually(lambda: _rested_after(b, session_id, seq_before))

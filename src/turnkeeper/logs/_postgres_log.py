@@ -739,6 +739,12 @@ class PostgresLog(SharedLog):
         return await self._waiters.wait(("i", None), 0, check, timeout)
 
 
+def is_postgres_url(name: str) -> bool:
+    """Whether a log named on the command line (or in TURNKEEPER_LOG) is a PostgreSQL URL,
+    not a path."""
+    return name.startswith(("postgresql://", "postgres://"))
+
+
 def check_batch_seq(expected_seq: int) -> None:
     """Raise LogError unless `expected_seq` is an int >= 0 (for a write with no events)."""
     if isinstance(expected_seq, bool) or not isinstance(expected_seq, int) or expected_seq < 0:

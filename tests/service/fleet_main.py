@@ -4,8 +4,8 @@
 The service of tests/service/server_main.py (its deterministic model and specs) as one
 worker on the PostgreSQL database at URL. Its `lookup` tool takes a while and appends a
 line to FILE as it starts, `<key looked up> <worker>`: every real execution, on any
-worker, for the test to count (the driver makes each key one call's). Prints one JSON line `{"url", "token", "port", "pid"}`
-once it takes requests.
+worker, for the test to count (the driver makes each key one call's). Prints one JSON
+line `{"url", "token", "port", "pid"}` once it takes requests.
 """
 
 from __future__ import annotations

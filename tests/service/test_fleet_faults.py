@@ -192,8 +192,13 @@ async def drive(fleet: Fleet, tag: str, ask: bool) -> tuple[str, str]:
             )
             assert again.status_code == 202, again.text
         elif info["status"] == "idle":
+            expected = answer_for(prompts[sent - 1], "yes" if ask else None)
+            if info["text"] != expected:
+                # Idle before the last message: posted to a worker's inbox, that worker
+                # paused or dead, it is consumed once its session moves (202: accepted).
+                await anyio.sleep(0.1)
+                continue
             if sent == len(prompts):
-                expected = answer_for(prompts[-1], "yes" if ask else None)
                 return session_id, expected
             response = await fleet.call(
                 "POST",

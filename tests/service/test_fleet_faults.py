@@ -174,14 +174,14 @@ async def drive(fleet: Fleet, tag: str, ask: bool) -> tuple[str, str]:
     assert created.status_code == 201, created.text
     session_id: str = created.json()["session_id"]
     sent = 1
-    answered = 0
     while True:
         info = await fleet.status(session_id)
         if info["status"] == "requires_action":
             call = info["pending"][0]["id"]
-            answered += 1
             results = {"results": [{"tool_use_id": call, "text": "yes"}]}
-            key = f"results-{tag}-{answered}"
+            # Keyed by the call: seen waiting again (its results were accepted into a
+            # paused worker's inbox, not done yet), it is sent again as the same request.
+            key = f"results-{tag}-{call}"
             response = await fleet.call(
                 "POST", f"/v1/sessions/{session_id}/tool_results", key=key, json=results
             )

@@ -169,9 +169,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     check.add_argument(
         "log",
-        type=_text("a path"),
+        type=_text("a path or URL"),
         metavar="LOG",
-        help="a JsonlLog directory, .jsonl or SQLite log",
+        help="a JsonlLog directory, .jsonl or SQLite log, or a postgresql://... URL",
     )
 
     serve = commands.add_parser("serve", help="serve the HTTP API for orchestrators")

@@ -12,7 +12,7 @@ import pytest
 
 from tests.logs.test_postgres_log import eventually, expire, query
 from tests.service.server_main import ASK_SPEC, LOOKUP_SPEC, answer_for, chat
-from turnkeeper.core import InputError, ToolResult
+from turnkeeper.core import AgentSpec, InputError, ToolResult
 from turnkeeper.events import ToolMayHaveRun, ToolReturned
 from turnkeeper.logs import PostgresLog
 from turnkeeper.sessions import FleetHost, SessionInfo, UnknownSession, session_id_for
@@ -194,4 +194,43 @@ async def test_a_graceful_stop_hands_running_sessions_to_another_worker_at_once(
         assert done.text == answer_for("slow-q")
         assert b.shared.takeovers == 0
         assert b.shared.epoch(session_id) is not None
+    check_log(postgres_url, session_id)
+
+
+@pytest.mark.anyio
+async def test_a_worker_that_cannot_renew_its_lease_starts_no_model_call(
+    postgres_url: str,
+) -> None:
+    calls: dict[str, int] = {"a": 0, "b": 0}
+
+    def counting(name: str) -> Any:
+        async def counted(request: dict[str, Any]) -> dict[str, Any]:
+            calls[name] += 1
+            return await chat(request)
+
+        return counted
+
+    async with (
+        PostgresLog(postgres_url, worker_id="a", lease=2.0, requery=0.2) as log_a,
+        FleetHost(chat=counting("a"), log=log_a, scan_interval=0.2, stop_grace=0) as a,
+    ):
+        session_id = await a.start(AgentSpec(system_prompt="Echo."), "q")
+        first = await a.result(session_id, wait=30)
+        made = calls["a"]
+        # Its heartbeat stops: soon it no longer knows its lease to be live.
+        log_a._stop.set()
+        assert log_a._heartbeat is not None
+        await anyio.to_thread.run_sync(log_a._heartbeat.join)
+        await eventually(lambda: _true(not log_a.lease_held))
+        await a.send(session_id, "r")
+        async with (
+            PostgresLog(postgres_url, worker_id="b", lease=2.0, requery=0.2) as log_b,
+            FleetHost(chat=counting("b"), log=log_b, scan_interval=0.2) as b,
+        ):
+            # Its lease runs out; B takes the session and makes the call A did not.
+            done = await eventually(lambda: _rested_after(b, session_id, first.seq + 1))
+            assert isinstance(done, SessionInfo)
+            assert done.text == "echo: r"
+            assert calls["a"] == made
+            assert calls["b"] == 1
     check_log(postgres_url, session_id)

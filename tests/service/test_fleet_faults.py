@@ -1,13 +1,15 @@
 """Three `serve` workers on one PostgreSQL database, a driver spreading creates, messages,
 tool results and long-polls over them at random, and faults: a worker killed with
 SIGKILL, one paused with SIGSTOP past its lease and resumed, one paused briefly (under
-its lease: no takeover), the workers' LISTEN connections killed. Then the database is
+its lease: no takeover), the workers' LISTEN connections killed, the database restarted
+(on a server of the test's own; with TURNKEEPER_TEST_POSTGRES_URL, every connection to
+it dropped instead). Then the database is
 checked: each session's seqs run 1..n, its epochs never go down along them, every inbox
 row was consumed, every logged tool call was answered, no call ran twice without a
 `local.tool_may_have_run` before its second run, and every session finished as its
 script says.
 
-`TURNKEEPER_FAULT_ROUNDS` sets the rounds (default 4, one of each fault); each round
+`TURNKEEPER_FAULT_ROUNDS` sets the rounds (default 5, one of each fault); each round
 runs a fault, in turn.
 """
 
@@ -21,6 +23,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +33,7 @@ import msgspec
 import psycopg
 import pytest
 
+from tests.postgres import new_schema, restartable_server
 from tests.service.server_main import ASK_SPEC, LOOKUP_SPEC, answer_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,7 +41,7 @@ TOKEN = "fleet-token-" + "x" * 20
 LEASE = 2.0
 WORKERS = 3
 SESSIONS_PER_ROUND = 6
-FAULTS = ("kill", "pause_past_lease", "pause_under_lease", "kill_listen")
+FAULTS = ("kill", "pause_past_lease", "pause_under_lease", "kill_listen", "restart_database")
 ROUNDS = int(os.environ.get("TURNKEEPER_FAULT_ROUNDS", str(len(FAULTS))))
 # How long a round may take before the test fails instead of hanging.
 ROUND_SECONDS = 90.0
@@ -49,6 +53,13 @@ _RECHECK = "SELECT session_id, last_seq FROM turnkeeper_sessions WHERE session_i
 @pytest.fixture
 def anyio_backend() -> str:
     return "trio"
+
+
+@pytest.fixture
+def database() -> Iterator[tuple[str, Callable[[], None]]]:
+    """A schema on a server of the test's own, and a function that restarts the server."""
+    with restartable_server() as (server, restart):
+        yield new_schema(server), restart
 
 
 class Worker:
@@ -224,7 +235,7 @@ def _spec(spec: Any) -> dict[str, Any]:
     return built
 
 
-async def fault(fleet: Fleet, kind: str, url: str) -> None:
+async def fault(fleet: Fleet, kind: str, url: str, restart: Callable[[], None]) -> None:
     """Do one fault to a random worker, partway through a round."""
     await anyio.sleep(random.uniform(0.3, 1.0))
     worker = random.choice([w for w in fleet.workers if w.alive])
@@ -244,6 +255,8 @@ async def fault(fleet: Fleet, kind: str, url: str) -> None:
             assert {key: now.get(key) for key in owned_before} == owned_before
         worker.signal(signal.SIGCONT)
         worker.paused = False
+    elif kind == "restart_database":
+        await anyio.to_thread.run_sync(restart)
     else:
         with psycopg.connect(url, autocommit=True) as connection:
             connection.execute(
@@ -312,9 +325,10 @@ def check_database(url: str, record: Path, finished: dict[str, str]) -> dict[str
 
 
 @pytest.mark.anyio
-async def test_a_fleet_loses_nothing_through_kills_pauses_and_lost_notifications(
-    postgres_url: str, tmp_path: Path
+async def test_a_fleet_loses_nothing_through_kills_pauses_restarts_and_lost_notifications(
+    database: tuple[str, Callable[[], None]], tmp_path: Path
 ) -> None:
+    postgres_url, restart = database
     fleet = Fleet(postgres_url, tmp_path)
     finished: dict[str, str] = {}
     started = time.monotonic()
@@ -333,7 +347,7 @@ async def test_a_fleet_loses_nothing_through_kills_pauses_and_lost_notifications
                 async with anyio.create_task_group() as group:
                     for index in range(SESSIONS_PER_ROUND):
                         group.start_soon(one, f"r{round_number}s{index}", index % 2 == 0)
-                    group.start_soon(fault, fleet, kind, postgres_url)
+                    group.start_soon(fault, fleet, kind, postgres_url, restart)
             for session_id, expected in ends.items():
                 info = await fleet.status(session_id, wait=0)
                 assert info["status"] == "idle", info

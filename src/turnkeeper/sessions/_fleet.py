@@ -46,7 +46,7 @@ from turnkeeper.events import (
     ToolCalled,
     ToolMayHaveRun,
 )
-from turnkeeper.logs import Claim, FenceLost, InboxItem, SharedLog
+from turnkeeper.logs import Claim, FenceLost, InboxItem, SeqConflict, SharedLog
 from turnkeeper.sessions._host import (
     Busy,
     Host,
@@ -160,6 +160,8 @@ class FleetHost(Host):
         # Of each session taken over: the calls its last owner logged as about to run with
         # no result logged, which may have run (`_announce` says so before they run again).
         self._maybe_ran: dict[str, set[str]] = {}
+        # Sessions owned whose record was forgotten when the database failed under them.
+        self._aside: set[str] = set()
         self._loops = anyio.CancelScope()
 
     async def __aenter__(self) -> Self:
@@ -188,6 +190,7 @@ class FleetHost(Host):
                     claims = []
                 for claim in claims:
                     await self._adopt(claim)
+                await self._take_up_set_aside()
             await anyio.sleep(self.scan_interval * random.uniform(0.5, 1.5))
 
     async def _keep_consuming(self) -> None:
@@ -298,6 +301,27 @@ class FleetHost(Host):
         self._dropped.pop(session_id, None)
         self._dropped_crashes.pop(session_id, None)
 
+    def _set_aside(self, session: _Session, exc: BaseException) -> None:
+        """Forget the record of a session still owned, for the scan to take it up again."""
+        session_id = session.state.session_id
+        _log.warning("fleet.set_aside", session_id=session_id, error=str(exc))
+        self._fresh.discard(session_id)
+        if self._sessions.get(session_id) is session:
+            del self._sessions[session_id]
+        self._resting.pop(session_id, None)
+        self._aside.add(session_id)
+
+    async def _take_up_set_aside(self) -> None:
+        """Take up again the sessions set aside that this worker still owns."""
+        for session_id in list(self._aside):
+            epoch = self.shared.epoch(session_id)
+            if epoch is None:
+                self._aside.discard(session_id)
+                continue
+            await self._adopt(Claim(session_id, epoch, 0))
+            if session_id in self._fresh:
+                self._aside.discard(session_id)
+
     async def _catch_up(self, session: _Session) -> None:
         """Fold into a record of a session owned elsewhere what the log holds past it."""
         events = await self.log.read(session.state.session_id, after=session.state.seq)
@@ -316,7 +340,13 @@ class FleetHost(Host):
 
     def _spawn(self, session: _Session) -> None:
         session_id = session.state.session_id
-        if not self._owned(session_id) or session_id in self._adopting:
+        if (
+            not self._owned(session_id)
+            or session_id in self._adopting
+            or self._sessions.get(session_id) is not session
+        ):
+            # Not this worker's, being taken up, or a record forgotten (lost, or set
+            # aside): its task must not run again (the one taken up runs).
             return
         super()._spawn(session)
 
@@ -335,9 +365,15 @@ class FleetHost(Host):
             await super()._act(session)
         except BaseException as exc:
             lost = _fence_lost(exc)
-            if lost is None:
+            if lost is not None:
+                self._lose(session.state.session_id, lost)
+                return
+            if not _database_failed(exc):
                 raise
-            self._lose(session.state.session_id, lost)
+            # The database failed under it (a restart, a dropped connection): its state
+            # here may be ahead of the log or behind it. Not a crash of the session:
+            # taken up again from the log once the database answers.
+            self._set_aside(session, exc)
 
     async def _call_model(self, session: _Session) -> None:
         await self._leased(session)
@@ -533,6 +569,10 @@ class FleetHost(Host):
                     # Taken meanwhile: to its new owner, then.
                     self._lose(session_id, lost)
                     continue
+                except LogError:
+                    # Logged or not, we cannot tell: the next request reads the log again.
+                    self._fresh.discard(session_id)
+                    raise
                 return
         else:
             await self._own(session_id)
@@ -669,6 +709,15 @@ class FleetHost(Host):
 
 def _lease_held(log: SharedLog) -> bool:
     return log.lease_held
+
+
+def _database_failed(exc: BaseException) -> bool:
+    """Whether `exc` (or the one inside a group of one) is the log failing to reach its
+    database, or a seq conflict after a write that raised (the log holds more than the
+    session saw): not damage, and not a fault of the session's."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return type(exc) is LogError or isinstance(exc, SeqConflict)
 
 
 def _fence_lost(exc: BaseException) -> FenceLost | None:

@@ -154,7 +154,7 @@ class FleetHost(Host):
         )
         # Sessions owned whose record is in step with the log under the claim held.
         self._fresh: set[str] = set()
-        # Sessions being taken up, whose task waits for `_adopt` to finish.
+        # Sessions being taken up: none gets a task until `_adopt` has finished.
         self._adopting: set[str] = set()
         self._adopt_locks: dict[str, anyio.Lock] = {}
         # Of each session taken over: the calls its last owner logged as about to run with
@@ -201,7 +201,9 @@ class FleetHost(Host):
                 items = await self.shared.inbox() if self.shared.lease_held else []
             except LogError as exc:
                 _log.warning("fleet.inbox_failed", error=str(exc))
-                items = []
+                # The database out of reach: not again at once.
+                await anyio.sleep(self.scan_interval)
+                continue
             left = False
             for item in items:
                 if not self._accepting:

@@ -234,3 +234,30 @@ async def test_a_worker_that_cannot_renew_its_lease_starts_no_model_call(
             assert calls["a"] == made
             assert calls["b"] == 1
     check_log(postgres_url, session_id)
+
+
+@pytest.mark.anyio
+async def test_a_long_poll_on_a_worker_that_does_not_own_the_session_wakes_on_its_events(
+    postgres_url: str,
+) -> None:
+    async with worker(postgres_url, "a") as a, worker(postgres_url, "b") as b:
+        session_id = await a.start(AgentSpec(system_prompt="Echo."), None)
+        seq = (await a.status(session_id)).seq
+        found: list[Any] = []
+
+        async def poll() -> None:
+            found.extend(await b.events(session_id, after=seq, wait=30))
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(poll)
+            await anyio.sleep(0.3)
+            await a.send(session_id, "hi")
+        assert found
+        assert found[0].seq == seq + 1
+        assert found[0].type == "local.user_message"
+        assert b.shared.epoch(session_id) is None
+        # And with nothing new, it waits its time and returns nothing.
+        last = (await a.result(session_id, wait=30)).seq
+        assert await b.events(session_id, after=last, wait=0.3) == []
+        with pytest.raises(UnknownSession):
+            await b.events("local_nosuchsession", wait=0.1)

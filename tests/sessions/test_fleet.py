@@ -15,7 +15,14 @@ from tests.service.server_main import ASK_SPEC, LOOKUP_SPEC, answer_for, chat
 from turnkeeper.core import AgentSpec, InputError, ToolResult
 from turnkeeper.events import ToolMayHaveRun, ToolReturned
 from turnkeeper.logs import PostgresLog
-from turnkeeper.sessions import FleetHost, SessionInfo, UnknownSession, session_id_for
+from turnkeeper.sessions import (
+    FleetHost,
+    SessionInfo,
+    UnknownSession,
+    recheck,
+    session_id_for,
+)
+from turnkeeper.state import replay
 from turnkeeper.tools import ToolContext
 
 
@@ -172,6 +179,11 @@ async def test_a_dead_workers_call_in_flight_runs_again_marked_and_the_old_owner
             assert await a.log.last_seq(session_id) == last
             assert a.shared.epoch(session_id) is None
             events = await b.events(session_id)
+    # The log with its mark replays to the end the new owner reached, and rechecks.
+    replayed = replay(events)
+    assert replayed.status == "idle"
+    assert replayed.history[-1]["content"] == answer_for("q")
+    assert recheck(events) is None
     marks = [e.event for e in events if isinstance(e.event, ToolMayHaveRun)]
     assert [m.tool_call_id for m in marks] == [runs[0][0].split(":", 1)[1]]
     assert runs[0][0] == runs[1][0] == f"{session_id}:{marks[0].tool_call_id}"

@@ -3,6 +3,8 @@ test is tests/service/test_fleet_faults.py)."""
 
 from __future__ import annotations
 
+import json
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -150,8 +152,9 @@ async def test_a_session_at_rest_with_no_live_owner_goes_to_the_worker_asked(
 
 @pytest.mark.anyio
 async def test_a_dead_workers_call_in_flight_runs_again_marked_and_the_old_owner_writes_nothing(
-    postgres_url: str,
+    postgres_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="turnkeeper.fleet")
     runs: list[tuple[str, str]] = []
     release = anyio.Event()
 
@@ -179,6 +182,12 @@ async def test_a_dead_workers_call_in_flight_runs_again_marked_and_the_old_owner
             assert await a.log.last_seq(session_id) == last
             assert a.shared.epoch(session_id) is None
             events = await b.events(session_id)
+    lines = [json.loads(record.getMessage()) for record in caplog.records]
+    (takeover,) = [line for line in lines if line["event"] == "fleet.takeover"]
+    assert takeover["session_id"] == session_id
+    assert takeover["taken_from"] == "a"
+    assert takeover["worker"] == "b"
+    assert any(line["event"] == "fleet.fence_lost" for line in lines)
     # The log with its mark replays to the end the new owner reached, and rechecks.
     replayed = replay(events)
     assert replayed.status == "idle"

@@ -130,7 +130,7 @@ class _Api:
                 "history",
             )
         key = self._key(request)
-        if key is not None and body.session_id is None:
+        if key is not None and body.session_id is None and isinstance(self.host, FleetHost):
             # Made already by this create, sent before (to any worker): the same answer.
             made = session_id_for(key)
             if await self._exists(made):
@@ -299,10 +299,10 @@ class _Api:
         key = request.headers.get(IDEMPOTENCY_HEADER)
         if key is None:
             return None
-        if not key or len(key) > _MAX_KEY_CHARS or not key.isprintable():
+        if not key or len(key) > _MAX_KEY_CHARS or not all(" " <= c <= "~" for c in key):
             raise ApiError(
                 422,
-                f"Idempotency-Key: expected 1 to {_MAX_KEY_CHARS} printable characters",
+                f"Idempotency-Key: expected 1 to {_MAX_KEY_CHARS} printable ASCII characters",
                 "Idempotency-Key",
             )
         return key

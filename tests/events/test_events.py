@@ -32,6 +32,7 @@ from turnkeeper.events._events import (
     SessionOpened,
     TerminalToolCalled,
     ToolCalled,
+    ToolMayHaveRun,
     ToolResultsReceived,
     ToolReturned,
 )
@@ -48,6 +49,7 @@ TAGS: dict[type[Event], str] = {
     ChatRetried: "local.chat_retry",
     ChatFailed: "local.chat_error",
     ToolCalled: "local.tool_call",
+    ToolMayHaveRun: "local.tool_may_have_run",
     ToolReturned: "local.tool_result",
     Halted: "local.halted",
     TerminalToolCalled: "local.terminal",
@@ -105,6 +107,7 @@ EXAMPLES: list[AnyEvent] = [
     ChatFailed(error="HTTP 400", transient=False, status=400, response={"error": "bad"}),
     ToolCalled(tool_call_id="call_1", name="search", input={"q": "x", "n": [1, {"a": None}]}),
     ToolReturned(tool_call_id="call_1", text="boom", is_error=True),
+    ToolMayHaveRun(tool_call_id="call_1", name="search"),
     Halted(guard="loop", reason="going_in_circles", message="Stopped: going in circles."),
     TerminalToolCalled(tool_call_id="call_3", name="search", result={"answer": 42}),
     Cancelled(reason="user asked"),

@@ -21,7 +21,15 @@ from turnkeeper.cli._logs import _kind
 from turnkeeper.cli._render import gist
 from turnkeeper.core import InputError, LogCorrupt, LogError
 from turnkeeper.events import Envelope
-from turnkeeper.logs import JsonlLog, SqliteLog, StoredChain, check_sequence, read_jsonl
+from turnkeeper.logs import (
+    JsonlLog,
+    PostgresLog,
+    SqliteLog,
+    StoredChain,
+    check_sequence,
+    is_postgres_url,
+    read_jsonl,
+)
 from turnkeeper.state import replay
 
 _PROBLEM = 100
@@ -135,6 +143,20 @@ async def _check_directory(path: Path, report: _Report) -> None:
             report.rows.append(row)
 
 
+async def _check_postgres(url: str, report: _Report) -> None:
+    """Every session of a fleet's database read and replayed (without becoming a worker);
+    the store checks each page it reads (seqs in order, bodies the rows they are in)."""
+    where = Path(url)
+    async with PostgresLog(url, read_only=True) as log:
+        for session_id in await log.sessions():
+            try:
+                events = await log.read(session_id)
+            except LogError as exc:
+                report.rows.append(_damaged(session_id, str(exc)))
+                continue
+            report.rows.append(_replayed(session_id, events, where))
+
+
 async def _check_file(path: Path, report: _Report) -> None:
     read = await anyio.to_thread.run_sync(partial(read_jsonl, path, check_seq=False))
     sessions: dict[str, list[Envelope]] = {}
@@ -170,6 +192,14 @@ def _print(report: _Report, name: str) -> None:
 
 async def check_command(options: CheckOptions) -> int:
     """Check the log at `options.log`; 0 if nothing is damaged, 1 if anything is."""
+    if is_postgres_url(options.log):
+        report = _Report()
+        try:
+            await _check_postgres(options.log, report)
+        except LogCorrupt as exc:
+            report.damage.append(f"cannot be read: {exc}")
+        _print(report, "the database")
+        return _codes.DAMAGED if report.damaged() else _codes.OK
     path = Path(options.log)
     kind = await anyio.to_thread.run_sync(_kind, path)
     if kind == "missing":

@@ -16,7 +16,15 @@ import msgspec
 
 from turnkeeper.core import InputError, LogError
 from turnkeeper.events import Envelope, encode_envelope
-from turnkeeper.logs import EventLog, JsonlLog, JsonlRead, SqliteLog, read_jsonl
+from turnkeeper.logs import (
+    EventLog,
+    JsonlLog,
+    JsonlRead,
+    PostgresLog,
+    SqliteLog,
+    is_postgres_url,
+    read_jsonl,
+)
 
 
 class LoadedLog(msgspec.Struct, frozen=True):
@@ -84,7 +92,10 @@ async def _read_jsonl(path: Path) -> JsonlRead:
 
 
 async def load_log(name: str) -> LoadedLog:
-    """Read every session from the log at `name`; InputError if there is none there."""
+    """Read every session from the log at `name` (a path, or a PostgreSQL URL, read
+    without becoming a worker); InputError if there is none there."""
+    if is_postgres_url(name):
+        return await _load_from(PostgresLog(name, read_only=True))
     path = Path(name)
     kind = await anyio.to_thread.run_sync(_kind, path)
     if kind == "missing":
@@ -101,9 +112,13 @@ async def load_log(name: str) -> LoadedLog:
             torn = read.torn
             warning = f"{name}: skipped the unfinished last line {torn.line} ({torn.error})"
         return LoadedLog({key: tuple(events) for key, events in sessions.items()}, warning)
+    return await _load_from(_open(path, kind, read_only=True))
+
+
+async def _load_from(opened: EventLog) -> LoadedLog:
     loaded: dict[str, tuple[Envelope, ...]] = {}
     unreadable: dict[str, str] = {}
-    async with _open(path, kind, read_only=True) as log:
+    async with opened as log:
         for key in await log.sessions():
             try:
                 loaded[key] = tuple(await log.read(key))

@@ -19,6 +19,9 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog}: error: {message} (see {self.prog} --help)")
 
 
+_LOG_HELP = "a .jsonl, JsonlLog directory or SQLite log, or a postgresql://... URL"
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -132,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="rebuild a logged session; re-check it under other guards",
         description="Rebuild a session from its log and print its history and outcome.",
     )
-    replay.add_argument("log", type=_text("a path"), metavar="LOG", help="a .jsonl or SQLite log")
+    replay.add_argument("log", type=_text("a path or URL"), metavar="LOG", help=_LOG_HELP)
     replay.add_argument("--session", type=_text("a session id"), metavar="ID")
     replay.add_argument(
         "--guards",
@@ -144,10 +147,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     sessions = commands.add_parser("sessions", help="list the sessions in a log, or show one")
     sessions.add_argument("session", nargs="?", type=_text("a session id"), metavar="ID")
-    sessions.add_argument("--log", type=_text("a path"), required=True, metavar="PATH")
+    sessions.add_argument(
+        "--log", type=_text("a path or URL"), required=True, metavar="LOG", help=_LOG_HELP
+    )
 
     export = commands.add_parser("export", help="write a session (or all) as JSON Lines")
-    export.add_argument("--log", type=_text("a path"), required=True, metavar="PATH")
+    export.add_argument(
+        "--log", type=_text("a path or URL"), required=True, metavar="LOG", help=_LOG_HELP
+    )
     export.add_argument("--session", type=_text("a session id"), metavar="ID")
     export.add_argument(
         "-o", "--output", type=_text("a path"), metavar="FILE", help="default: standard output"
@@ -162,9 +169,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     check.add_argument(
         "log",
-        type=_text("a path"),
+        type=_text("a path or URL"),
         metavar="LOG",
-        help="a JsonlLog directory, .jsonl or SQLite log",
+        help="a JsonlLog directory, .jsonl or SQLite log, or a postgresql://... URL",
     )
 
     serve = commands.add_parser("serve", help="serve the HTTP API for orchestrators")
@@ -172,10 +179,23 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=_port, default=8000)
     serve.add_argument(
         "--log",
-        type=_text("a path"),
-        default="turnkeeper.sqlite",
-        metavar="PATH",
-        help="the SQLite event log (default: turnkeeper.sqlite)",
+        type=_text("a path or URL"),
+        metavar="LOG",
+        help="the SQLite event log, or postgresql://... to be one worker of a fleet on that "
+        "database (default: TURNKEEPER_LOG, else turnkeeper.sqlite)",
+    )
+    serve.add_argument(
+        "--worker-id",
+        type=_text("a name"),
+        metavar="NAME",
+        help="this worker's name in the fleet (default: host name and process id)",
+    )
+    serve.add_argument(
+        "--lease",
+        type=_seconds,
+        default=10.0,
+        metavar="SECONDS",
+        help="how long a worker's sessions outlive its last heartbeat (default: 10)",
     )
     _backend_options(serve)
     serve.add_argument(

@@ -25,6 +25,7 @@ from turnkeeper.events import (
     SessionOpened,
     TerminalToolCalled,
     ToolCalled,
+    ToolMayHaveRun,
     ToolResultsReceived,
     ToolReturned,
 )
@@ -106,6 +107,8 @@ def step_line(envelope: Envelope) -> str | None:
         return f"tool {event.name}({gist(_json(event.input))})"
     if isinstance(event, ToolReturned):
         return f"  {'error' if event.is_error else '->'} {gist(event.text)}"
+    if isinstance(event, ToolMayHaveRun):
+        return f"tool {event.name} again: it may have run before (the session moved workers)"
     if isinstance(event, Halted):
         return f"halted by {event.guard} ({event.reason}): {gist(event.message)}"
     if isinstance(event, TerminalToolCalled):

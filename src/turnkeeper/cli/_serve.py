@@ -7,6 +7,7 @@ import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit, urlunsplit
 
 import anyio
 import msgspec
@@ -15,11 +16,14 @@ from turnkeeper import tracing
 from turnkeeper.cli import _codes
 from turnkeeper.cli._backend import chat_backend
 from turnkeeper.core import InputError
+from turnkeeper.logs import is_postgres_url
 
 if TYPE_CHECKING:
     from turnkeeper.service import Listening
 
 
+LOG_VARIABLE = "TURNKEEPER_LOG"
+DEFAULT_LOG = "turnkeeper.sqlite"
 _GC_THRESHOLD = 50_000
 _SWITCH_INTERVAL = 0.001
 
@@ -27,7 +31,9 @@ _SWITCH_INTERVAL = 0.001
 class ServeOptions(msgspec.Struct, frozen=True):
     host: str
     port: int
-    log: str
+    log: str | None
+    worker_id: str | None
+    lease: float
     base_url: str | None
     model: str | None
     token_file: str | None
@@ -48,6 +54,17 @@ async def given_token(token_file: str | None) -> str | None:
     return token
 
 
+def _shown(log: str) -> str:
+    """The log as printed: a URL without its password."""
+    if not is_postgres_url(log):
+        return log
+    parts = urlsplit(log)
+    if parts.password is None:
+        return log
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
 async def serve_command(options: ServeOptions) -> int:
     """Serve until stopped; print the URL, and the token when it was made up here."""
     # Imported here: the web stack is slow to import and only `serve` needs it.
@@ -63,10 +80,11 @@ async def serve_command(options: ServeOptions) -> int:
     # switch interval each time, and every append of the round waits that long.
     sys.setswitchinterval(_SWITCH_INTERVAL)
     token = await given_token(options.token_file)
+    log = options.log or os.environ.get(LOG_VARIABLE) or DEFAULT_LOG
     made_up = token is None and not os.environ.get(TOKEN_VARIABLE)
 
     def ready(listening: Listening) -> None:
-        print(f"turnkeeper serving on {listening.url}/v1 (log: {options.log})", flush=True)
+        print(f"turnkeeper serving on {listening.url}/v1 (log: {_shown(log)})", flush=True)
         if made_up:
             print(f"token: {listening.token}", flush=True)
         else:
@@ -77,7 +95,9 @@ async def serve_command(options: ServeOptions) -> int:
         chat=chat_backend(options.base_url, options.model),
         host=options.host,
         port=options.port,
-        log_path=options.log,
+        log_path=log,
+        worker_id=options.worker_id,
+        lease=options.lease,
         token=token,
         ready=ready,
     )

@@ -21,6 +21,7 @@ from turnkeeper.events._events import (
     SessionOpened,
     TerminalToolCalled,
     ToolCalled,
+    ToolMayHaveRun,
     ToolResultsReceived,
     ToolReturned,
 )
@@ -45,6 +46,7 @@ __all__ = [
     "SessionOpened",
     "TerminalToolCalled",
     "ToolCalled",
+    "ToolMayHaveRun",
     "ToolResultsReceived",
     "ToolReturned",
     "decode_envelope",

@@ -146,6 +146,15 @@ class ToolCalled(Event, frozen=True, tag="local.tool_call"):
     input: dict[str, Any]
 
 
+class ToolMayHaveRun(Event, frozen=True, tag="local.tool_may_have_run"):
+    """A call about to run again whose `local.tool_call` an earlier owner of the session
+    logged with no result after it: its handler may have run already (at least once is
+    all a takeover can promise; `ToolContext.idempotency_key` lets a handler dedupe)."""
+
+    tool_call_id: str
+    name: str
+
+
 class ToolReturned(Event, frozen=True, tag="local.tool_result"):
     """A tool handler finished."""
 
@@ -206,6 +215,7 @@ AnyEvent = (
     | ChatRetried
     | ChatFailed
     | ToolCalled
+    | ToolMayHaveRun
     | ToolReturned
     | McpFailed
     | Halted

@@ -13,7 +13,7 @@ from turnkeeper.logs._jsonl import (
 from turnkeeper.logs._jsonl_log import JsonlLog
 from turnkeeper.logs._log import LARGEST_SEQ, EventLog, SeqConflict, check_batch
 from turnkeeper.logs._memory_log import MemoryLog
-from turnkeeper.logs._postgres_log import PostgresLog
+from turnkeeper.logs._postgres_log import PostgresLog, is_postgres_url
 from turnkeeper.logs._shared import Claim, Consumed, FenceLost, InboxItem, Posted, SharedLog
 from turnkeeper.logs._sqlite_file import StoredChain
 from turnkeeper.logs._sqlite_log import SqliteLog
@@ -39,6 +39,7 @@ __all__ = [
     "check_sequence",
     "decode_jsonl",
     "encode_jsonl",
+    "is_postgres_url",
     "read_jsonl",
     "write_jsonl",
 ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import re
 import socket
 import threading
 import time
@@ -117,6 +118,7 @@ _INBOX_HELD = f"""SELECT {_ITEM_COLUMNS} FROM turnkeeper_inbox i
 _OUTCOME = (
     "SELECT consumed IS NOT NULL, consumed_epoch, outcome FROM turnkeeper_inbox WHERE id = %s"
 )
+_POSTGRES_NAME = re.compile(r"postgres(ql)?://|\s*[A-Za-z_]+\s*=")
 _payload_encoder = msgspec.json.Encoder()
 _payload_decoder = msgspec.json.Decoder()
 # A lease is renewed four times over, so that one failed renewal leaves it three
@@ -737,6 +739,12 @@ class PostgresLog(SharedLog):
             return bool(await self.inbox())
 
         return await self._waiters.wait(("i", None), 0, check, timeout)
+
+
+def is_postgres_url(name: str) -> bool:
+    """Whether a log named on the command line (or in TURNKEEPER_LOG) is a PostgreSQL URL
+    (`postgresql://...`) or libpq conninfo string (`host=... dbname=...`), not a path."""
+    return _POSTGRES_NAME.match(name) is not None
 
 
 def check_batch_seq(expected_seq: int) -> None:

@@ -4,6 +4,7 @@ pages under /ui/."""
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from functools import partial
 
 import anyio
@@ -14,7 +15,7 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 
-from turnkeeper.core import InputError
+from turnkeeper.core import InputError, ToolResult
 from turnkeeper.service._auth import BearerAuth, check_token
 from turnkeeper.service._catalog import Catalog
 from turnkeeper.service._errors import ApiError
@@ -31,7 +32,7 @@ from turnkeeper.service._http import (
 from turnkeeper.service._inspector import Inspector, describe
 from turnkeeper.service._limits import DEFAULT_LIMITS, Limits
 from turnkeeper.service._longpoll import client_gone, unless_stopping
-from turnkeeper.service._metrics import CONTENT_TYPE, render_metrics
+from turnkeeper.service._metrics import CONTENT_TYPE, FleetFigures, render_metrics
 from turnkeeper.service._openapi import openapi_document
 from turnkeeper.service._schemas import (
     Created,
@@ -44,10 +45,20 @@ from turnkeeper.service._schemas import (
 from turnkeeper.service._tail import events_response, stream_response
 from turnkeeper.service._ui import UI_PREFIX, ui_mount
 from turnkeeper.service._unread import CloseUnreadBodies
-from turnkeeper.sessions import Host, SessionInfo, SessionUnreadable, UnknownSession, open_session
+from turnkeeper.sessions import (
+    FleetHost,
+    Host,
+    SessionInfo,
+    SessionUnreadable,
+    UnknownSession,
+    open_session,
+    session_id_for,
+)
 
 HEALTH_PATH = "/v1/healthz"
 _FIELD_PREFIX = re.compile(r"^(?P<field>[A-Za-z_][\w.\[\]]*): ")
+IDEMPOTENCY_HEADER = "idempotency-key"
+_MAX_KEY_CHARS = 255
 
 
 def create_app(
@@ -126,11 +137,19 @@ class _Api:
                 f"{self.limits.max_history_messages}",
                 "history",
             )
+        key = self._key(request)
+        made = None
+        if key is not None and body.session_id is None and isinstance(self.host, FleetHost):
+            # Made already by this create, sent before (to any worker): the same answer.
+            made = session_id_for(key)
+            if await self._exists(made):
+                return json_response(Created(made), 201)
         if body.session_id is not None and await self._exists(body.session_id):
             raise ApiError(409, f"session {body.session_id} already exists", "session_id")
         try:
             if body.prompt is not None and body.history:
                 _check_prompt_follows(body)
+            options = {"request_id": key} if isinstance(self.host, FleetHost) else {}
             session_id = await self.host.start(
                 body.spec,
                 body.prompt,
@@ -138,9 +157,13 @@ class _Api:
                 max_turns=body.max_turns,
                 guards=body.guards,
                 history=body.history,
+                **options,
             )
         except InputError as exc:
             field = _field_named(str(exc))
+            if field == "session_id" and made is not None:
+                # The same create, sent at once to another worker, which made it first.
+                return json_response(Created(made), 201)
             raise ApiError(409 if field == "session_id" else 422, str(exc), field) from None
         return json_response(Created(session_id), 201)
 
@@ -184,7 +207,11 @@ class _Api:
         session_id = request.path_params["session_id"]
         body = await read_body(request, PostMessage, self.limits)
         self._check_text("text", body.text, self.limits.max_text_chars)
-        await self.host.send(session_id, body.text)
+        key = self._key(request)
+        if isinstance(self.host, FleetHost):
+            await self.host.send(session_id, body.text, request_id=key)
+        else:
+            await self.host.send(session_id, body.text)
         return json_response(await self.host.status(session_id), 202)
 
     async def tool_results(self, request: Request) -> Response:
@@ -194,9 +221,13 @@ class _Api:
             self._check_text(
                 f"results[{index}].text", result.text, self.limits.max_tool_result_chars
             )
-        await self._check_waiting(session_id)
+        key = self._key(request)
+        if key is None:
+            # With a key, a request sent again after the first was done must not be refused
+            # for it: the inbox answers it as it answered the first.
+            await self._check_waiting(session_id)
         try:
-            await self.host.submit_tool_results(session_id, body.results)
+            await self._submit(session_id, body.results, key)
         except InputError as exc:
             # Another request's results may have come first: that is a conflict too.
             await self._check_waiting(session_id)
@@ -211,14 +242,30 @@ class _Api:
                 409, f"session {session_id} is {info.status}, not waiting for tool results"
             )
 
+    async def _submit(
+        self, session_id: str, results: Sequence[ToolResult], key: str | None
+    ) -> None:
+        if isinstance(self.host, FleetHost):
+            await self.host.submit_tool_results(session_id, results, request_id=key)
+        else:
+            await self.host.submit_tool_results(session_id, results)
+
     async def cancel(self, request: Request) -> Response:
         session_id = request.path_params["session_id"]
-        await self.host.cancel(session_id)
+        key = self._key(request)
+        if isinstance(self.host, FleetHost):
+            await self.host.cancel(session_id, request_id=key)
+        else:
+            await self.host.cancel(session_id)
         return json_response(await self.host.status(session_id))
 
     async def retry(self, request: Request) -> Response:
         session_id = request.path_params["session_id"]
-        await self.host.retry(session_id)
+        key = self._key(request)
+        if isinstance(self.host, FleetHost):
+            await self.host.retry(session_id, request_id=key)
+        else:
+            await self.host.retry(session_id)
         return json_response(await self.host.status(session_id))
 
     async def events(self, request: Request) -> Response:
@@ -243,13 +290,35 @@ class _Api:
         statuses = await self.host.statuses()
         host = self.host
         appended = (host.appends, host.append_seconds_total)
-        text = render_metrics(statuses, host.counters, host.append_seconds, appended)
+        fleet = None
+        if isinstance(host, FleetHost):
+            fleet = FleetFigures(
+                owned_sessions=len(host.shared.held()),
+                inbox_depth=await host.inbox_depth(),
+                takeovers=host.shared.takeovers,
+                fence_losses=host.shared.fence_losses,
+            )
+        text = render_metrics(statuses, host.counters, host.append_seconds, appended, fleet)
         return Response(text, media_type=CONTENT_TYPE)
 
     async def openapi(self, request: Request) -> Response:
         return Response(self.document, media_type=JSON)
 
     # -- reading requests -------------------------------------------------------------------
+
+    def _key(self, request: Request) -> str | None:
+        """The client's `Idempotency-Key` (a worker of a fleet does each key once; one
+        host alone takes it and ignores it)."""
+        key = request.headers.get(IDEMPOTENCY_HEADER)
+        if key is None:
+            return None
+        if not key or len(key) > _MAX_KEY_CHARS or not all(" " <= c <= "~" for c in key):
+            raise ApiError(
+                422,
+                f"Idempotency-Key: expected 1 to {_MAX_KEY_CHARS} printable ASCII characters",
+                "Idempotency-Key",
+            )
+        return key
 
     def _check_text(self, field: str, text: str, limit: int) -> None:
         if len(text) > limit:

@@ -6,6 +6,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import get_args
 
+import msgspec
+
 from turnkeeper.sessions import HostStatus
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -29,10 +31,12 @@ def render_metrics(
     counters: Mapping[str, int],
     append_seconds: Sequence[float],
     appended: tuple[int, float],
+    fleet: FleetFigures | None = None,
 ) -> str:
     """The exposition: sessions by status, each counter as `turnkeeper_<name>_total`, and
     a summary of log append latency: its quantiles over `append_seconds` (the host's
-    recent appends), and its `_count` and `_sum` over every append, `appended`."""
+    recent appends), and its `_count` and `_sum` over every append, `appended`; and, of
+    a worker of a fleet, its `fleet` figures."""
     lines = [
         "# HELP turnkeeper_sessions Sessions by status.",
         "# TYPE turnkeeper_sessions gauge",
@@ -62,7 +66,38 @@ def render_metrics(
         f"turnkeeper_log_append_seconds_sum {_number(total)}",
         f"turnkeeper_log_append_seconds_count {count}",
     ]
+    if fleet is not None:
+        lines += _fleet_lines(fleet)
     return "\n".join(lines) + "\n"
+
+
+class FleetFigures(msgspec.Struct, frozen=True):
+    """What a worker of a fleet adds to its metrics."""
+
+    owned_sessions: int
+    inbox_depth: int
+    takeovers: int
+    fence_losses: int
+
+
+def _fleet_lines(fleet: FleetFigures) -> list[str]:
+    return [
+        "# HELP turnkeeper_owned_sessions Sessions this worker owns.",
+        "# TYPE turnkeeper_owned_sessions gauge",
+        f"turnkeeper_owned_sessions {fleet.owned_sessions}",
+        "# HELP turnkeeper_inbox_depth Requests in the inbox of this worker's sessions, not "
+        "consumed yet.",
+        "# TYPE turnkeeper_inbox_depth gauge",
+        f"turnkeeper_inbox_depth {fleet.inbox_depth}",
+        "# HELP turnkeeper_takeovers_total Sessions this worker took from a worker whose "
+        "lease had expired.",
+        "# TYPE turnkeeper_takeovers_total counter",
+        f"turnkeeper_takeovers_total {fleet.takeovers}",
+        "# HELP turnkeeper_fence_losses_total Writes refused because another worker had "
+        "taken the session.",
+        "# TYPE turnkeeper_fence_losses_total counter",
+        f"turnkeeper_fence_losses_total {fleet.fence_losses}",
+    ]
 
 
 def quantile(ordered: Sequence[float], q: float) -> float:

@@ -105,6 +105,17 @@ _HISTORY_MESSAGE: dict[str, Any] = {
 }
 
 
+_IDEMPOTENCY_KEY = {
+    "name": "Idempotency-Key",
+    "in": "header",
+    "required": False,
+    "schema": {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[ -~]+$"},
+    "description": "On a fleet of workers (a PostgreSQL log), the request is done once per "
+    "key, on whichever worker it is sent to, and sent again it is answered as the first "
+    "was; a single service on SQLite ignores it.",
+}
+
+
 def openapi_document(limits: Limits) -> dict[str, Any]:
     """The document: every route with its parameters, bodies, responses and auth."""
     _, schemas = msgspec.json.schema_components(_RESPONSES, ref_template=_REF)
@@ -151,6 +162,7 @@ def openapi_document(limits: Limits) -> dict[str, Any]:
         "must be one of the spec's `mcp_servers`; `guards.terminal.required` needs a "
         "`terminal_tool`; and a `prompt` cannot follow a `history` that ends in tool calls "
         "with no results. A request that breaks one of these is refused (422) naming the field.",
+        parameters=[_IDEMPOTENCY_KEY],
         body=CreateSession,
         ok=("201", "The session is open and logged", _json(Created)),
         errors=(400, 401, 408, 409, 413, 415, 422, 503),
@@ -210,7 +222,7 @@ def openapi_document(limits: Limits) -> dict[str, Any]:
                 "Send a user message",
                 f"{body_limits}. Queued; it starts a new request episode when the session "
                 "is free. Refused (409) while the session waits for tool results.",
-                parameters=[_SESSION_ID],
+                parameters=[_SESSION_ID, _IDEMPOTENCY_KEY],
                 body=PostMessage,
                 ok=("202", "The message is queued", _json(SessionInfo)),
                 errors=(400, 401, 404, 408, 409, 413, 415, 422, 429, 503),
@@ -223,7 +235,7 @@ def openapi_document(limits: Limits) -> dict[str, Any]:
                 f"{body_limits}. One result per pending call, no more, no less: other "
                 "results are refused (422, naming `results`), and so are results for a "
                 "session that waits on none (409).",
-                parameters=[_SESSION_ID],
+                parameters=[_SESSION_ID, _IDEMPOTENCY_KEY],
                 body=PostToolResults,
                 ok=("202", "The results are logged; the session goes on", _json(SessionInfo)),
                 errors=(400, 401, 404, 408, 409, 413, 415, 422, 503),
@@ -233,9 +245,9 @@ def openapi_document(limits: Limits) -> dict[str, Any]:
             "post": _operation(
                 "cancelSession",
                 "Stop a session's work now and mark it cancelled",
-                parameters=[_SESSION_ID],
+                parameters=[_SESSION_ID, _IDEMPOTENCY_KEY],
                 ok=("200", "The session, cancelled", _json(SessionInfo)),
-                errors=(401, 404, 409, 503),
+                errors=(401, 404, 409, 422, 503),
             )
         },
         "/v1/sessions/{session_id}/retry": {
@@ -245,9 +257,9 @@ def openapi_document(limits: Limits) -> dict[str, Any]:
                 "A session is `errored` when its model stayed unreachable after the retries; "
                 "this makes the call again now (so does a new message). Of a session that is "
                 "not errored it does nothing; a failed or cancelled one is refused (409).",
-                parameters=[_SESSION_ID],
+                parameters=[_SESSION_ID, _IDEMPOTENCY_KEY],
                 ok=("200", "The session", _json(SessionInfo)),
-                errors=(401, 404, 409, 503),
+                errors=(401, 404, 409, 422, 503),
             )
         },
         "/v1/sessions/{session_id}/recheck": {

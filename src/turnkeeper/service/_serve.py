@@ -18,12 +18,12 @@ from hypercorn.typing import ASGIFramework
 from hypercorn.utils import wrap_app
 
 from turnkeeper.core import InputError
-from turnkeeper.logs import SqliteLog
+from turnkeeper.logs import EventLog, PostgresLog, SqliteLog, is_postgres_url
 from turnkeeper.service._app import create_app
 from turnkeeper.service._auth import resolve_token
 from turnkeeper.service._limits import DEFAULT_LIMITS, Limits
 from turnkeeper.service._logging import log as _log
-from turnkeeper.sessions import Chat, Host, Tools
+from turnkeeper.sessions import Chat, FleetHost, Host, Tools
 
 # Orchestrators open many connections at once; hypercorn's default backlog is 100.
 _BACKLOG = 1024
@@ -49,10 +49,16 @@ async def serve(
     limits: Limits = DEFAULT_LIMITS,
     ping_seconds: float = 15.0,
     ready: Callable[[Listening], object] | None = None,
+    worker_id: str | None = None,
+    lease: float = 10.0,
 ) -> None:
     """Serve the HTTP API on `host`:`port` until SIGINT or SIGTERM, with sessions run by
     a Host on `chat` and `tools` and logged to the SQLite file `log_path` (unfinished
     sessions in it resume). Run it under trio: `anyio.run(partial(serve, ...), backend="trio")`.
+
+    With a PostgreSQL URL as `log_path` (`postgresql://...`), it is one worker of a fleet
+    on that database: a FleetHost on a PostgresLog named `worker_id` (default: host name
+    and process id) holding a lease of `lease` seconds (see docs/postgres.md).
 
     `token` defaults to the TURNKEEPER_TOKEN environment variable, else a new random
     one; `ready` is called with the bound address and the token once requests are taken.
@@ -70,9 +76,9 @@ async def serve(
     listening = _listening(sockets.insecure_sockets[0], token)
     stopping = anyio.Event()
     try:
-        async with SqliteLog(log_path) as log, anyio.create_task_group() as outer:
+        async with _open_log(log_path, worker_id, lease) as log, anyio.create_task_group() as outer:
             outer.start_soon(_watch_signals, stopping, outer.cancel_scope)
-            async with Host(chat=chat, log=log, tools=tools) as runtime:
+            async with _host_on(log, chat, tools) as runtime:
                 app = create_app(
                     runtime,
                     token=token,
@@ -106,6 +112,21 @@ async def serve(
         for sock in sockets.insecure_sockets:
             sock.close()
     _log.info("service.stopped")
+
+
+def _open_log(log_path: str | os.PathLike[str], worker_id: str | None, lease: float) -> EventLog:
+    """The log `serve` runs on: a PostgresLog for a PostgreSQL URL, else a SqliteLog."""
+    name = os.fspath(log_path)
+    if isinstance(name, str) and is_postgres_url(name):
+        return PostgresLog(name, worker_id=worker_id, lease=lease)
+    return SqliteLog(log_path)
+
+
+def _host_on(log: EventLog, chat: Chat, tools: Tools | None) -> Host:
+    """A Host on `log`: one worker of a fleet on a log many share."""
+    if isinstance(log, PostgresLog):
+        return FleetHost(chat=chat, log=log, tools=tools)
+    return Host(chat=chat, log=log, tools=tools)
 
 
 def _only(group: BaseExceptionGroup[BaseException]) -> BaseException:

@@ -2,6 +2,7 @@
 
 from turnkeeper.core import AgentSpec, Chat, ChatError, ToolResult, ToolSpec, ToolUse, Usage
 from turnkeeper.sessions._driver import poll_turn
+from turnkeeper.sessions._fleet import FleetHost, session_id_for
 from turnkeeper.sessions._host import Host
 from turnkeeper.sessions._host_records import (
     Busy,
@@ -36,6 +37,7 @@ __all__ = [
     "ChatError",
     "Divergence",
     "EventCallback",
+    "FleetHost",
     "Host",
     "HostStatus",
     "HostStopped",
@@ -71,4 +73,5 @@ __all__ = [
     "poll_turn",
     "recheck",
     "run",
+    "session_id_for",
 ]

@@ -29,6 +29,12 @@ class ToolContext(msgspec.Struct, frozen=True):
     tool_call_id: str
     name: str
 
+    @property
+    def idempotency_key(self) -> str:
+        """The same for every run of this call, on any worker, after any takeover: the
+        key a handler with side effects dedupes on (the session id and the call id)."""
+        return f"{self.session_id}:{self.tool_call_id}"
+
 
 ToolHandler = Callable[[str, dict[str, Any], ToolContext], Awaitable[Any]]
 """One handler for every tool: `async def handler(name, args, ctx) -> str`."""

@@ -2,7 +2,8 @@
 
 from turnkeeper.core import AgentSpec, Chat, ChatError, ToolResult, ToolSpec, ToolUse, Usage
 from turnkeeper.sessions._driver import poll_turn
-from turnkeeper.sessions._fleet import FleetHost, session_id_for
+from turnkeeper.sessions._fleet import FleetHost
+from turnkeeper.sessions._fleet_owner import session_id_for
 from turnkeeper.sessions._host import Host
 from turnkeeper.sessions._host_records import (
     Busy,

@@ -16,107 +16,38 @@ sessions it still owns.
 
 from __future__ import annotations
 
-import hashlib
-import logging
 import math
-import random
-from collections.abc import Awaitable, Callable, Iterable, Sequence
-from contextvars import ContextVar
-from typing import Any, Self
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 import anyio
 import msgspec
-import structlog
 
-from turnkeeper.core import (
-    AgentSpec,
-    GuardConfig,
-    InputError,
-    LogError,
-    ReplayError,
-    ToolResult,
-    ToolUse,
-    TurnkeeperError,
-    check_seconds,
+from turnkeeper.core import AgentSpec, GuardConfig, InputError, LogError, ToolResult, check_seconds
+from turnkeeper.events import Envelope
+from turnkeeper.logs import FenceLost, InboxItem
+from turnkeeper.sessions._fleet_owner import (
+    _LONGEST_WAIT,
+    FleetOwner,
+    _CancelPayload,
+    _Consuming,
+    _consuming,
+    _log,
+    _MessagePayload,
+    _refusal,
+    _ResultsPayload,
+    session_id_for,
 )
-from turnkeeper.events import (
-    AnyEvent,
-    Envelope,
-    ModelResponded,
-    ToolCalled,
-    ToolMayHaveRun,
-)
-from turnkeeper.logs import Claim, FenceLost, InboxItem, SeqConflict, SharedLog
-from turnkeeper.sessions._host import Host
 from turnkeeper.sessions._host_records import (
     Busy,
     HostStatus,
     HostStopped,
     SessionInfo,
     UnknownSession,
-    _logged,
-    _Session,
-)
-from turnkeeper.state import SessionState, fold
-
-_std_log = logging.getLogger("turnkeeper.fleet")
-_log = structlog.wrap_logger(
-    _std_log,
-    wrapper_class=structlog.stdlib.BoundLogger,
-    processors=[
-        structlog.stdlib.filter_by_level,
-        structlog.processors.TimeStamper(fmt="iso"),
-        structlog.processors.JSONRenderer(),
-    ],
-    cache_logger_on_first_use=True,
 )
 
-# Events read back from a session's end to find the calls a takeover may run again: those
-# since its last model response, which are a few per call.
-_TAIL = 256
-# How often a worker whose lease is in doubt looks again.
-_LEASE_POLL = 0.05
-# Waits longer than this are made of waits this long (a log refuses an infinite one).
-_LONGEST_WAIT = 60.0
 
-_REFUSALS: dict[str, type[TurnkeeperError]] = {
-    "InputError": InputError,
-    "UnloggableEvent": InputError,
-    "Busy": Busy,
-    "UnknownSession": UnknownSession,
-    "HostStopped": HostStopped,
-}
-
-
-class _MessagePayload(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    text: str
-
-
-class _ResultsPayload(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    results: tuple[ToolResult, ...]
-
-
-class _CancelPayload(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    reason: str
-
-
-class _Consuming:
-    """The inbox item an API call made for it consumes with its first append."""
-
-    def __init__(self, item: InboxItem) -> None:
-        self.item: InboxItem | None = item
-
-
-_consuming: ContextVar[_Consuming | None] = ContextVar("turnkeeper_consuming", default=None)
-
-
-def session_id_for(request_id: str) -> str:
-    """The id of the session a create with this idempotency key makes: the same on every
-    worker, so that a create sent again (to any worker) finds the session the first made."""
-    return "local_" + hashlib.sha256(request_id.encode()).hexdigest()[:16]
-
-
-class FleetHost(Host):
+class FleetHost(FleetOwner):
     """A Host on a SharedLog, one worker of a fleet: `async with FleetHost(chat=..., log=
     PostgresLog(url)) as host`. It takes every option a Host does, and `scan_interval`
     (the mean seconds between takeover scans) and `outcome_wait` (how long a request
@@ -130,311 +61,6 @@ class FleetHost(Host):
     scan of another worker to take at once, those at rest for whichever worker next gets
     a request for them.
     """
-
-    def __init__(
-        self,
-        *,
-        log: SharedLog,
-        scan_interval: float = 1.0,
-        outcome_wait: float | None = None,
-        **options: Any,
-    ) -> None:
-        if not isinstance(log, SharedLog):
-            raise InputError(
-                f"FleetHost: log: expected a SharedLog (PostgresLog), got {type(log).__name__}"
-            )
-        check_seconds("FleetHost: scan_interval", scan_interval, positive=True)
-        if outcome_wait is not None:
-            check_seconds("FleetHost: outcome_wait", outcome_wait, optional=True)
-        super().__init__(log=log, **options)
-        self.shared = log
-        self.scan_interval = float(scan_interval)
-        self.outcome_wait = (
-            log.lease + 2 * self.scan_interval + 1.0 if outcome_wait is None else outcome_wait
-        )
-        # Sessions owned whose record is in step with the log under the claim held.
-        self._fresh: set[str] = set()
-        # Sessions being taken up: none gets a task until `_adopt` has finished.
-        self._adopting: set[str] = set()
-        self._adopt_locks: dict[str, anyio.Lock] = {}
-        # Of each session taken over: the calls its last owner logged as about to run with
-        # no result logged, which may have run (`_announce` says so before they run again).
-        self._maybe_ran: dict[str, set[str]] = {}
-        # Sessions owned whose record was forgotten when the database failed under them.
-        self._aside: set[str] = set()
-        self._loops = anyio.CancelScope()
-
-    async def __aenter__(self) -> Self:
-        await super().__aenter__()
-        assert self._group is not None
-        self._group.start_soon(self._background, name="fleet scans and inbox")
-        return self
-
-    # -- the worker's own loops -------------------------------------------------------------
-
-    async def _background(self) -> None:
-        with self._loops:
-            async with anyio.create_task_group() as group:
-                group.start_soon(self._keep_claiming)
-                group.start_soon(self._keep_consuming)
-
-    async def _keep_claiming(self) -> None:
-        """The takeover scan, about every `scan_interval` seconds (jittered, so that the
-        workers' scans spread out)."""
-        while True:
-            if self._accepting and self.shared.lease_held:
-                try:
-                    claims = await self.shared.claim()
-                except LogError as exc:
-                    _log.warning("fleet.claim_failed", error=str(exc))
-                    claims = []
-                for claim in claims:
-                    await self._adopt(claim)
-                await self._take_up_set_aside()
-            await anyio.sleep(self.scan_interval * random.uniform(0.5, 1.5))
-
-    async def _keep_consuming(self) -> None:
-        """Consume the inbox items of the sessions this worker owns, as they come."""
-        while True:
-            try:
-                await self.shared.wait_for_inbox(self.scan_interval)
-                items = await self.shared.inbox() if self.shared.lease_held else []
-            except LogError as exc:
-                _log.warning("fleet.inbox_failed", error=str(exc))
-                # The database out of reach: not again at once.
-                await anyio.sleep(self.scan_interval)
-                continue
-            left = False
-            for item in items:
-                if not self._accepting:
-                    return
-                left |= not await self._consume(item)
-            if left or (items == [] and not self.shared.lease_held):
-                # Items that could not be consumed now: not again at once.
-                await anyio.sleep(min(0.2, self.scan_interval))
-
-    # -- taking sessions up and losing them -------------------------------------------------
-
-    def _owned(self, session_id: str) -> bool:
-        return self.shared.epoch(session_id) is not None
-
-    async def _own(self, session_id: str) -> bool:
-        """Whether this worker owns the session, claiming it if no live worker does, with
-        its record in step with the log; False if another live worker owns it."""
-        if session_id in self._fresh and self._owned(session_id):
-            return True
-        claim = await self.shared.claim_session(session_id)
-        if claim is None:
-            return False
-        if claim.epoch:
-            await self._adopt(claim)
-        return True
-
-    async def _adopt(self, claim: Claim) -> None:
-        """Take up a session claimed: its record caught up with the log, the calls it may
-        have run noted, and a task if it has work."""
-        session_id = claim.session_id
-        lock = self._adopt_locks.setdefault(session_id, anyio.Lock())
-        async with lock:
-            if session_id in self._fresh and self._owned(session_id):
-                return
-            if claim.taken_from is not None:
-                _log.info(
-                    "fleet.takeover",
-                    session_id=session_id,
-                    epoch=claim.epoch,
-                    taken_from=claim.taken_from,
-                    seq=claim.last_seq,
-                    worker=self.shared.worker_id,
-                )
-            self._adopting.add(session_id)
-            try:
-                async with self._use(session_id) as session:
-                    self._maybe_ran[session_id] = await self._unanswered(session.state)
-                    self._fresh.add(session_id)
-            except (UnknownSession, LogError, ReplayError) as exc:
-                # No events yet (only inbox items), or none that rebuild: consumed or
-                # refused as requests come.
-                _log.info("fleet.adopt_skipped", session_id=session_id, error=str(exc))
-                return
-            finally:
-                self._adopting.discard(session_id)
-                if not lock.statistics().tasks_waiting:
-                    self._adopt_locks.pop(session_id, None)
-            held = self._sessions.get(session_id)
-            if held is not None and self._status(held) == "running":
-                self._spawn(held)
-
-    async def _unanswered(self, state: SessionState) -> set[str]:
-        """The session's pending calls with a `local.tool_call` logged and no result."""
-        returned = {result.tool_use_id for result in state.returned}
-        waiting = {use.id for use in state.pending if use.id not in returned}
-        if not waiting:
-            return set()
-        tail = await self.log.read(state.session_id, after=max(0, state.seq - _TAIL))
-        called: set[str] = set()
-        for envelope in reversed(tail):
-            event = envelope.event
-            if isinstance(event, ModelResponded):
-                break
-            if isinstance(event, ToolCalled) and event.tool_call_id in waiting:
-                called.add(event.tool_call_id)
-        return called
-
-    def _lose(self, session_id: str, lost: FenceLost) -> None:
-        """Forget a session another worker took: its next use here reads it from the log."""
-        _log.warning(
-            "fleet.fence_lost",
-            session_id=session_id,
-            held=lost.held,
-            owner=lost.owner,
-            epoch=lost.epoch,
-            worker=self.shared.worker_id,
-        )
-        self._fresh.discard(session_id)
-        self._maybe_ran.pop(session_id, None)
-        session = self._sessions.get(session_id)
-        if session is not None and session.running:
-            # Its task ends by itself (its next write raises FenceLost too): the record
-            # goes once it has.
-            self._end_task(session)
-        self._sessions.pop(session_id, None)
-        self._resting.pop(session_id, None)
-        self._dropped.pop(session_id, None)
-        self._dropped_crashes.pop(session_id, None)
-
-    def _set_aside(self, session: _Session, exc: BaseException) -> None:
-        """Forget the record of a session still owned, for the scan to take it up again."""
-        session_id = session.state.session_id
-        _log.warning("fleet.set_aside", session_id=session_id, error=str(exc))
-        self._fresh.discard(session_id)
-        if self._sessions.get(session_id) is session:
-            del self._sessions[session_id]
-        self._resting.pop(session_id, None)
-        self._aside.add(session_id)
-
-    async def _take_up_set_aside(self) -> None:
-        """Take up again the sessions set aside that this worker still owns."""
-        for session_id in list(self._aside):
-            epoch = self.shared.epoch(session_id)
-            if epoch is None:
-                self._aside.discard(session_id)
-                continue
-            await self._adopt(Claim(session_id, epoch, 0))
-            if session_id in self._fresh:
-                self._aside.discard(session_id)
-
-    async def _catch_up(self, session: _Session) -> None:
-        """Fold into a record of a session owned elsewhere what the log holds past it."""
-        events = await self.log.read(session.state.session_id, after=session.state.seq)
-        if events:
-            session.state = fold(session.state, events)
-            session.logged = _logged(events[-1])
-            session.errored, session.error = session.logged
-            self._note(session)
-
-    # -- the Host's steps, on a shared log --------------------------------------------------
-
-    async def _recover(self) -> None:
-        """Nothing read at start: this worker's sessions come to it by claims."""
-        if not self.log.writable:
-            raise LogError(f"FleetHost: {self.log!r} only reads: a host must write its log")
-
-    def _spawn(self, session: _Session) -> None:
-        session_id = session.state.session_id
-        if (
-            not self._owned(session_id)
-            or session_id in self._adopting
-            or self._sessions.get(session_id) is not session
-        ):
-            # Not this worker's, being taken up, or a record forgotten (lost, or set
-            # aside): its task must not run again (the one taken up runs).
-            return
-        super()._spawn(session)
-
-    async def _load(self, session_id: str) -> _Session:
-        if isinstance(session_id, str):
-            held = self._sessions.get(session_id)
-            if held is not None and not held.running and session_id not in self._fresh:
-                try:
-                    await self._catch_up(held)
-                except (ReplayError, LogError) as exc:
-                    raise UnknownSession(f"session {session_id} cannot be rebuilt: {exc}") from None
-        return await super()._load(session_id)
-
-    async def _act(self, session: _Session) -> None:
-        try:
-            await super()._act(session)
-        except BaseException as exc:
-            lost = _fence_lost(exc)
-            if lost is not None:
-                self._lose(session.state.session_id, lost)
-                return
-            if not _database_failed(exc):
-                raise
-            # The database failed under it (a restart, a dropped connection): its state
-            # here may be ahead of the log or behind it. Not a crash of the session:
-            # taken up again from the log once the database answers.
-            self._set_aside(session, exc)
-
-    async def _call_model(self, session: _Session) -> None:
-        await self._leased(session)
-        await super()._call_model(session)
-
-    async def _run_tools(self, session: _Session, uses: Sequence[ToolUse]) -> list[ToolResult]:
-        await self._leased(session)
-        return await super()._run_tools(session, uses)
-
-    async def _leased(self, session: _Session) -> None:
-        """Return at once while the lease is held; else once it is again, if the session
-        is still this worker's (FenceLost if not: another may have taken it meanwhile)."""
-        if _lease_held(self.shared):
-            return
-        session_id = session.state.session_id
-        held = self.shared.epoch(session_id)
-        _log.warning("fleet.lease_in_doubt", session_id=session_id, worker=self.shared.worker_id)
-        # The lease is a time on a clock the heartbeat moves: nothing to wait on but it.
-        while not _lease_held(self.shared):  # noqa: ASYNC110
-            await anyio.sleep(_LEASE_POLL)
-        claim = await self.shared.claim_session(session_id)
-        if claim is None or claim.epoch != held:
-            raise FenceLost(
-                session_id, held=held, owner=None, epoch=claim.epoch if claim else (held or 0)
-            )
-
-    def _announce(
-        self, session: _Session, state: SessionState, uses: Iterable[ToolUse]
-    ) -> list[AnyEvent]:
-        events = super()._announce(session, state, uses)
-        maybe = self._maybe_ran.get(state.session_id)
-        if not maybe:
-            return events
-        marked: list[AnyEvent] = []
-        for event in events:
-            if isinstance(event, ToolCalled) and event.tool_call_id in maybe:
-                maybe.discard(event.tool_call_id)
-                marked.append(ToolMayHaveRun(tool_call_id=event.tool_call_id, name=event.name))
-            marked.append(event)
-        return marked
-
-    async def _append(
-        self,
-        session_id: str,
-        events: Sequence[Envelope],
-        *,
-        expected_seq: int,
-        task_of: _Session | None = None,
-    ) -> None:
-        consuming = _consuming.get()
-        item = consuming.item if consuming is not None else None
-        if item is None or task_of is not None or item.session_id != session_id:
-            await super()._append(session_id, events, expected_seq=expected_seq, task_of=task_of)
-            return
-        # The API call consuming `item` logs what it did in the same transaction.
-        assert consuming is not None
-        consuming.item = None
-        with anyio.CancelScope(shield=True):
-            await self.shared.consume(item, events, expected_seq=expected_seq)
 
     async def stop(self, grace: float | None = None) -> None:
         self._loops.cancel()
@@ -707,30 +333,3 @@ class FleetHost(Host):
     async def inbox_depth(self) -> int:
         """Inbox items not consumed yet for the sessions this worker owns."""
         return len(await self.shared.inbox())
-
-
-def _lease_held(log: SharedLog) -> bool:
-    return log.lease_held
-
-
-def _database_failed(exc: BaseException) -> bool:
-    """Whether `exc` (or the one inside a group of one) is the log failing to reach its
-    database, or a seq conflict after a write that raised (the log holds more than the
-    session saw): not damage, and not a fault of the session's."""
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]
-    return type(exc) is LogError or isinstance(exc, SeqConflict)
-
-
-def _fence_lost(exc: BaseException) -> FenceLost | None:
-    """The FenceLost `exc` is, or the one inside a group of one."""
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]
-    return exc if isinstance(exc, FenceLost) else None
-
-
-def _refusal(outcome: str) -> TurnkeeperError:
-    """The error an owner refused an inbox item with, as it raised it."""
-    name, _, message = outcome.partition(": ")
-    kind = _REFUSALS.get(name, InputError)
-    return kind(message if name in _REFUSALS else outcome)

@@ -14,9 +14,10 @@ import anyio
 import httpx
 import pytest
 
+from tests.cli.test_ui import listed, ui
 from tests.service.server_main import LOOKUP_SPEC, chat, lookup
 from turnkeeper.cli import main
-from turnkeeper.cli._serve import _shown
+from turnkeeper.cli._serve import shown_log
 from turnkeeper.logs import PostgresLog
 from turnkeeper.sessions import FleetHost
 
@@ -79,7 +80,14 @@ def test_serve_is_a_worker_of_the_database_in_turnkeeper_log(postgres_url: str) 
 
 
 def test_a_urls_password_is_not_printed() -> None:
-    shown = _shown("postgresql://fleet:s3cret@db.internal/turnkeeper")
+    shown = shown_log("postgresql://fleet:s3cret@db.internal/turnkeeper")
     assert "s3cret" not in shown
     assert shown == "postgresql://fleet:***@db.internal/turnkeeper"
-    assert _shown("turnkeeper.sqlite") == "turnkeeper.sqlite"
+    assert shown_log("turnkeeper.sqlite") == "turnkeeper.sqlite"
+
+
+def test_ui_serves_the_inspector_over_a_fleets_database(postgres_url: str, tmp_path: Path) -> None:
+    made = anyio.run(two_sessions, postgres_url, backend="trio")
+    with ui(postgres_url, cwd=tmp_path) as (_, found):
+        assert found["log"] == shown_log(postgres_url)
+        assert set(made) <= set(listed(found["url"], found["token"]))

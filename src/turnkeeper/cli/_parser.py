@@ -238,9 +238,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ui.add_argument(
         "log",
-        type=_text("a path"),
+        type=_text("a path or URL"),
         metavar="LOG",
-        help="a JsonlLog directory or SQLite file (read as it grows), or a .jsonl file",
+        help="a JsonlLog directory, SQLite file or PostgreSQL URL (read as it grows), or a "
+        ".jsonl file",
     )
     ui.add_argument("--port", type=_port, default=8765, help="default 8765; 0 for any free one")
     ui.add_argument(

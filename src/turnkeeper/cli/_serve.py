@@ -54,7 +54,7 @@ async def given_token(token_file: str | None) -> str | None:
     return token
 
 
-def _shown(log: str) -> str:
+def shown_log(log: str) -> str:
     """The log as printed: a URL without its password."""
     if not is_postgres_url(log):
         return log
@@ -84,7 +84,7 @@ async def serve_command(options: ServeOptions) -> int:
     made_up = token is None and not os.environ.get(TOKEN_VARIABLE)
 
     def ready(listening: Listening) -> None:
-        print(f"turnkeeper serving on {listening.url}/v1 (log: {_shown(log)})", flush=True)
+        print(f"turnkeeper serving on {listening.url}/v1 (log: {shown_log(log)})", flush=True)
         if made_up:
             print(f"token: {listening.token}", flush=True)
         else:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from turnkeeper.cli import _codes
-from turnkeeper.cli._serve import given_token
+from turnkeeper.cli._serve import given_token, shown_log
 
 if TYPE_CHECKING:
     from turnkeeper.service import Listening
@@ -33,7 +33,8 @@ async def ui_command(options: UiOptions) -> int:
         address = f"{listening.url}/ui/"
         if made_up:
             address += f"#token={listening.token}"
-        print(f"turnkeeper inspector on {address} (read-only; log: {options.log})", flush=True)
+        shown = shown_log(options.log)
+        print(f"turnkeeper inspector on {address} (read-only; log: {shown})", flush=True)
         if not made_up:
             source = "--token-file" if options.token_file is not None else TOKEN_VARIABLE
             print(f"token: from {source}", flush=True)

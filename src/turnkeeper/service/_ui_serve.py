@@ -17,7 +17,15 @@ from hypercorn.typing import ASGIFramework
 from hypercorn.utils import wrap_app
 
 from turnkeeper.core import InputError, LogError
-from turnkeeper.logs import EventLog, JsonlLog, MemoryLog, SqliteLog, read_jsonl
+from turnkeeper.logs import (
+    EventLog,
+    JsonlLog,
+    MemoryLog,
+    PostgresLog,
+    SqliteLog,
+    is_postgres_url,
+    read_jsonl,
+)
 from turnkeeper.service._auth import resolve_token
 from turnkeeper.service._catalog import Catalog, Reopen
 from turnkeeper.service._inspector import create_inspector_app, describe
@@ -39,9 +47,9 @@ async def serve_inspector(
     ready: Callable[[Listening], object] | None = None,
 ) -> None:
     """Serve the inspector's pages and read-only API on `host`:`port` until SIGINT or
-    SIGTERM, over the log at `log_path`: a JsonlLog directory or a SQLite file, read as
-    another process goes on writing it, or a JSON Lines file (`turnkeeper export`'s),
-    read once. Nothing is ever written to it. Run it under trio.
+    SIGTERM, over the log at `log_path`: a JsonlLog directory, a SQLite file or a
+    PostgreSQL URL, read as other processes go on writing it, or a JSON Lines file
+    (`turnkeeper export`'s), read once. Nothing is ever written to it. Run it under trio.
 
     `token` defaults to the TURNKEEPER_TOKEN environment variable, else a new random
     one; `ready` is called with the bound address and the token once requests are
@@ -55,7 +63,7 @@ async def serve_inspector(
             'serve_inspector runs under trio: anyio.run(..., backend="trio")'
         ) from None
     token = resolve_token(token)
-    log, reopen, source = await _open(Path(log_path))
+    log, reopen, source = await _open(log_path)
     catalog = Catalog(log, reopen=reopen)
     try:
         config, sockets = _listen(host, port, limits)
@@ -100,9 +108,14 @@ async def serve_inspector(
     _log.info("inspector.stopped")
 
 
-async def _open(path: Path) -> tuple[EventLog, Reopen | None, str]:
-    """The log at `path`, opened to read only; how to open it anew to see what another
+async def _open(where: str | os.PathLike[str]) -> tuple[EventLog, Reopen | None, str]:
+    """The log at `where`, opened to read only; how to open it anew to see what another
     process appended since (None when the open log sees that itself); and what it is."""
+    if isinstance(where, str) and is_postgres_url(where):
+        # The database shows every worker's appends to one open log.
+        shared = await PostgresLog(where, read_only=True).__aenter__()
+        return shared, None, describe(shared)
+    path = Path(where)
     if await anyio.to_thread.run_sync(path.is_dir):
         directory = JsonlLog(path, read_only=True)
 

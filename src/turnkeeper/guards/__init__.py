@@ -13,6 +13,7 @@ from turnkeeper.core import (
     SmallModel,
     TerminalTool,
 )
+from turnkeeper.guards._answer import answer_request, answers_after, episode_results
 from turnkeeper.guards._builtin import (
     budget,
     consecutive_errors,
@@ -77,12 +78,15 @@ __all__ = [
     "SmallModel",
     "TerminalTool",
     "Verdict",
+    "answer_request",
+    "answers_after",
     "budget",
     "compose",
     "consecutive_errors",
     "correct_reply",
     "default_guards",
     "duplicate_calls",
+    "episode_results",
     "final_turn",
     "loop_detection",
     "max_turns",

@@ -16,6 +16,7 @@ from turnkeeper.core import (
     reply_problem,
     validate,
 )
+from turnkeeper.guards._answer import answers_after
 from turnkeeper.guards._view import (
     CONTINUE,
     Directive,
@@ -38,10 +39,16 @@ def with_last_result(state: SessionState, lead: str) -> str:
 
 @acts_in("before_call")
 def max_turns(view: GuardView) -> Verdict:
-    """Halt before a model call the episode's `max_turns` does not allow."""
+    """Halt before a model call the episode's `max_turns` does not allow. With its `answer`
+    setting, an episode with tool results stops one poll earlier: the last allowed poll is
+    its answer after the stop, made with tools withdrawn."""
     state = view.state
     if view.phase != "before_call" or state.guards.max_turns is None:
         return CONTINUE
+    if state.polls + 1 == state.max_turns:
+        lead = f"I stopped after {state.max_turns} model calls without finishing."
+        halt = Halt("max_turns", "max_turns_exceeded", with_last_result(state, lead))
+        return Verdict(halt=halt) if answers_after(state, halt) else CONTINUE
     if state.polls < state.max_turns:
         return CONTINUE
     lead = f"I stopped after {state.polls} model calls without finishing."

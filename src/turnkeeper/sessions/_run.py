@@ -28,7 +28,7 @@ from turnkeeper.guards import Guard, default_guards, with_last_result
 from turnkeeper.sessions._inputs import Input, Kickoff, Resume
 from turnkeeper.sessions._normalize import Terminal, TurnResult, normalize
 from turnkeeper.sessions._open import open_session
-from turnkeeper.sessions._poll import begin_poll, emit, opened_event, poll_turn
+from turnkeeper.sessions._poll import begin_poll, emit, opened_event, poll_turn, unanswered
 from turnkeeper.state import SessionState, fold
 from turnkeeper.tools import (
     McpPool,
@@ -249,7 +249,8 @@ async def run(
                         lead = f"The model failed: {error.message}"
                         message = with_last_result(runner.state, lead)
                         await runner.emit(
-                            Halted(guard=RUNNER, reason="chat_error", message=message)
+                            unanswered(runner.state)
+                            or Halted(guard=RUNNER, reason="chat_error", message=message)
                         )
                         turn = None
                         break

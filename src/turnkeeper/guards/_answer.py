@@ -1,0 +1,64 @@
+"""Answer after a stop: when a guard would end an episode that has tool results, the
+session makes one last model call with tools withdrawn, asked to answer from those
+results, instead of ending with the last result's gist. What decides it is here, pure;
+`begin_poll` and `end_poll` log the decision as `local.answer_requested`."""
+
+from __future__ import annotations
+
+from turnkeeper.core import FINAL_TURN_LEAD, gist, text_of
+from turnkeeper.events import AnswerRequested
+from turnkeeper.guards._view import Halt
+from turnkeeper.state import SessionState
+
+_NOT_RESULTS = ('{"duplicate":true', '{"skipped":true', '{"ok":true}', '{"error"')
+"""How the tool messages start that carry no result to answer from: a self-answered
+duplicate, a call not run, a terminal tool's call accepted, an error."""
+_SHOWN_RESULTS = 3
+_RESULT_CHARS = 200
+
+
+def episode_results(state: SessionState) -> list[str]:
+    """The results (not errors or notices) the episode's tool calls got, oldest first,
+    each once: the tool messages since the episode's request (the whole history of a
+    session reattached without one)."""
+    found: list[str] = []
+    for message in reversed(state.history):
+        role = message.get("role")
+        if role == "user" and state.request is not None and text_of(message) == state.request:
+            break
+        if role != "tool":
+            continue
+        content = text_of(message)
+        if content and not content.startswith(_NOT_RESULTS) and content not in found:
+            found.append(content)
+    found.reverse()
+    return found
+
+
+def answers_after(state: SessionState, halt: Halt) -> bool:
+    """Whether the stop `halt` becomes one last call with tools withdrawn: its guard's
+    `answer` setting is on, the episode has tool results, and `max_turns` (when that
+    guard is on) allows one more model call."""
+    config = getattr(state.guards, halt.guard, None)
+    if config is None or getattr(config, "answer", False) is not True:
+        return False
+    if state.answering is not None:
+        return False
+    if state.guards.max_turns is not None and state.polls >= state.max_turns:
+        return False
+    return bool(episode_results(state))
+
+
+def answer_request(state: SessionState, halt: Halt) -> AnswerRequested:
+    """The event that turns `halt` into one last call: its directive asks the model to
+    answer the request from the episode's last results, quoted so that a small model has
+    them right there."""
+    results = [gist(result, _RESULT_CHARS) for result in episode_results(state)]
+    shown = "; ".join(results[-_SHOWN_RESULTS:])
+    request = f' The request was: "{gist(state.request)}".' if state.request else ""
+    text = (
+        f"{FINAL_TURN_LEAD} Tools are no longer available. Answer the user's request now, "
+        f"in one or two sentences, from the tool results you already have.{request} "
+        f"The tool results were: {shown}"
+    )
+    return AnswerRequested(guard=halt.guard, reason=halt.reason, message=halt.message, text=text)

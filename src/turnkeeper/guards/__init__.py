@@ -13,7 +13,12 @@ from turnkeeper.core import (
     SmallModel,
     TerminalTool,
 )
-from turnkeeper.guards._answer import answer_request, answers_after, episode_results
+from turnkeeper.guards._answer import (
+    answer_messages,
+    answer_request,
+    answers_after,
+    episode_results,
+)
 from turnkeeper.guards._builtin import (
     budget,
     consecutive_errors,
@@ -78,6 +83,7 @@ __all__ = [
     "SmallModel",
     "TerminalTool",
     "Verdict",
+    "answer_messages",
     "answer_request",
     "answers_after",
     "budget",

@@ -5,7 +5,7 @@ results, instead of ending with the last result's gist. What decides it is here,
 
 from __future__ import annotations
 
-from turnkeeper.core import FINAL_TURN_LEAD, gist, text_of
+from turnkeeper.core import FINAL_TURN_LEAD, Message, gist, text_of
 from turnkeeper.events import AnswerRequested
 from turnkeeper.guards._view import Halt
 from turnkeeper.state import SessionState
@@ -55,10 +55,26 @@ def answer_request(state: SessionState, halt: Halt) -> AnswerRequested:
     them right there."""
     results = [gist(result, _RESULT_CHARS) for result in episode_results(state)]
     shown = "; ".join(results[-_SHOWN_RESULTS:])
-    request = f' The request was: "{gist(state.request)}".' if state.request else ""
+    request = f' The request: "{gist(state.request)}".' if state.request else ""
     text = (
-        f"{FINAL_TURN_LEAD} Tools are no longer available. Answer the user's request now, "
-        f"in one or two sentences, from the tool results you already have.{request} "
-        f"The tool results were: {shown}"
+        f"{FINAL_TURN_LEAD} Tools are no longer available. Answer the user's request now "
+        f"from the tool results, in one or two sentences.{request} The tool results: {shown}"
     )
     return AnswerRequested(guard=halt.guard, reason=halt.reason, message=halt.message, text=text)
+
+
+def answer_messages(state: SessionState, history: tuple[Message, ...]) -> tuple[Message, ...]:
+    """What the model is sent for the answer after a stop: `history` (the session's) up to
+    the episode's request, then the directive, which quotes the request and its results.
+    The episode's own calls, self-answers and directives are left out: measured on
+    SmolLM2-135M, a model sent them copied the last notice (a duplicate's) as its answer.
+    A session reattached without a request is sent all of `history`."""
+    stop = state.answering
+    assert stop is not None
+    if state.request is None:
+        return history
+    for index in range(len(history) - 1, -1, -1):
+        message = history[index]
+        if message.get("role") == "user" and text_of(message) == state.request:
+            return (*history[:index], {"role": "user", "content": stop.text})
+    return history

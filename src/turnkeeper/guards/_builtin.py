@@ -181,7 +181,8 @@ def consecutive_errors(view: GuardView) -> Verdict:
 @acts_in("before_call")
 def loop_detection(view: GuardView) -> Verdict:
     """Flag a new repeat (same call and same answer, or the same reply text) to the model
-    `warnings` times; halt at the next repeat after that."""
+    `warnings` times; halt at the next repeat after that. A stop that becomes an answer
+    after it (see `answers_after`) is not warned of first."""
     state = view.state
     config = state.guards.loop
     if view.phase != "before_call" or config is None:
@@ -189,14 +190,17 @@ def loop_detection(view: GuardView) -> Verdict:
     if state.repeats <= state.warned_repeats:
         return CONTINUE
     what = state.last_repeat or "a call"
-    if state.warnings < config.warnings:
+    lead = f"I stopped because I was going in circles: {what} kept giving the same answer."
+    halt = Halt("loop", "going_in_circles", with_last_result(state, lead))
+    # A warning asks the model to use the answers it has or finish; when the stop becomes
+    # an answer from those results with tools withdrawn, that is what happens, a call sooner.
+    if state.warnings < config.warnings and not answers_after(state, halt):
         text = (
             f"You are going in circles: {what} gave the same answer as before. Do not repeat "
             "it. Use the answers you already have, try something different, or finish."
         )
         return Verdict(directives=(Directive("loop", text),))
-    lead = f"I stopped because I was going in circles: {what} kept giving the same answer."
-    return Verdict(halt=Halt("loop", "going_in_circles", with_last_result(state, lead)))
+    return Verdict(halt=halt)
 
 
 @acts_in("after_response")

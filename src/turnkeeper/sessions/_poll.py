@@ -51,6 +51,7 @@ from turnkeeper.guards import (
     GuardView,
     Halt,
     Reply,
+    answer_messages,
     answer_request,
     answers_after,
     default_guards,
@@ -236,14 +237,15 @@ def _openai_tools(tools: tuple[ToolSpec, ...]) -> list[dict[str, Any]]:
 def build_request(state: SessionState) -> dict[str, Any]:
     """The chat request for the state's history. Backends must not mutate it."""
     spec = state.spec
-    messages = window(state.history, state) if state.guards.small_model else list(state.history)
+    history = state.history if state.answering is None else answer_messages(state, state.history)
+    messages = window(history, state) if state.guards.small_model else list(history)
     request: dict[str, Any] = {
         "model": spec.model,
         "messages": messages,
         "tools": _openai_tools(spec.tools),
     }
     if state.answering is not None:
-        # The answer after a stop: tools withdrawn (its directive is the last message).
+        # The answer after a stop: tools withdrawn.
         request["tool_choice"] = "none"
     request.update(spec.sampling())
     return request

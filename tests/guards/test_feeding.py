@@ -100,7 +100,9 @@ def consistent(result: RunResult) -> None:
 @pytest.mark.anyio
 async def test_a_square_root_of_the_last_square_root_is_warned_then_stopped() -> None:
     chat = feeding(7, lambda last: ("sqrt", {"x": float(last)}), ("sqrt", {"x": 16}))
-    result = await run(SPEC, "What is the square root of 16?", chat, tools=TOOLS)
+    # Without the answer after the stop (tests/guards/test_answer.py has it).
+    guards = GuardConfig(self_feeding=SelfFeeding(answer=False))
+    result = await run(SPEC, "What is the square root of 16?", chat, tools=TOOLS, guards=guards)
     directives, halts = guard_events(result)
     # sqrt(16), then 3 links allowed: the 3rd is over max_links=2 and warned, the 4th stops.
     assert result.turns == 5
@@ -172,8 +174,8 @@ async def test_a_short_chain_is_left_alone() -> None:
 @pytest.mark.parametrize(
     ("config", "turns", "warned", "stopped"),
     [
-        (SelfFeeding(max_links=1, warnings=0), 3, 0, True),
-        (SelfFeeding(max_links=2, warnings=2), 6, 2, True),
+        (SelfFeeding(max_links=1, warnings=0, answer=False), 3, 0, True),
+        (SelfFeeding(max_links=2, warnings=2, answer=False), 6, 2, True),
         (SelfFeeding(max_links=6, warnings=1), 8, 0, False),
         (None, 8, 0, False),
     ],

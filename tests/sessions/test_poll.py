@@ -13,6 +13,7 @@ from turnkeeper.core import (
     ChatError,
     GuardConfig,
     InputError,
+    MaxTurns,
     ToolResult,
     ToolSpec,
     call_key,
@@ -189,7 +190,10 @@ async def test_last_allowed_poll_carries_final_turn_directive_naming_terminal_to
     chat = ScriptedChat(
         [tool_response(("search", {"q": str(i)})) for i in range(2)] + [text_response("x")]
     )
-    state = open_session(SPEC, max_turns=3)
+    # Without the answer after the stop, which takes the last poll's place when the episode
+    # has results (tests/guards/test_answer.py).
+    guards = GuardConfig(max_turns=MaxTurns(answer=False))
+    state = open_session(SPEC, max_turns=3, guards=guards)
     events, state = await poll_turn(state, Kickoff("go"), chat)
     assert not any(isinstance(e.event, DirectiveInjected) for e in events)
     events, state = await poll_turn(state, results_for(state), chat)

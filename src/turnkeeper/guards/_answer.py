@@ -17,21 +17,40 @@ _SHOWN_RESULTS = 3
 _RESULT_CHARS = 200
 
 
+def _episode_start(state: SessionState) -> int | None:
+    """The index of the episode's request in the history: its user message; for a session
+    reattached without one, the first user message after the last plain answer (the
+    directives of the episode come after it). None when there is none."""
+    history = state.history
+    if state.request is not None:
+        for index in range(len(history) - 1, -1, -1):
+            message = history[index]
+            if message.get("role") == "user" and text_of(message) == state.request:
+                return index
+        return None
+    after = 0
+    for index in range(len(history) - 1, -1, -1):
+        message = history[index]
+        if message.get("role") == "assistant" and not message.get("tool_calls"):
+            after = index + 1
+            break
+    for index in range(after, len(history)):
+        if history[index].get("role") == "user":
+            return index
+    return None
+
+
 def episode_results(state: SessionState) -> list[str]:
     """The results (not errors or notices) the episode's tool calls got, oldest first,
-    each once: the tool messages since the episode's request (the whole history of a
-    session reattached without one)."""
+    each once: the tool messages since the episode's request."""
+    start = _episode_start(state)
     found: list[str] = []
-    for message in reversed(state.history):
-        role = message.get("role")
-        if role == "user" and state.request is not None and text_of(message) == state.request:
-            break
-        if role != "tool":
+    for message in state.history[(start or 0) :]:
+        if message.get("role") != "tool":
             continue
         content = text_of(message)
         if content and not content.startswith(_NOT_RESULTS) and content not in found:
             found.append(content)
-    found.reverse()
     return found
 
 
@@ -55,13 +74,16 @@ def answer_request(state: SessionState, halt: Halt) -> AnswerRequested:
     them right there."""
     results = [gist(result, _RESULT_CHARS) for result in episode_results(state)]
     shown = "; ".join(results[-_SHOWN_RESULTS:])
-    asked = f'The user asked: "{gist(state.request)}". ' if state.request else ""
+    start = _episode_start(state)
+    request = state.request
+    if request is None and start is not None:
+        request = text_of(state.history[start])
+    asked = f'The user asked: "{gist(request)}". ' if request else ""
     # Measured on SmolLM2-135M, answering 4 questions from their tool's result over 12
     # seeds: 37 of 48 right asked this way, 10 of 24 with the request and the results
     # after a "last turn" instruction, 9 of 24 as "Question: ... Tool results: ...".
     text = (
-        f"{asked}The tools returned: {shown}. Using these results, answer the user in one "
-        "sentence."
+        f"{asked}The tools returned: {shown}. Using these results, answer the user in one sentence."
     )
     return AnswerRequested(guard=halt.guard, reason=halt.reason, message=halt.message, text=text)
 
@@ -70,14 +92,10 @@ def answer_messages(state: SessionState, history: tuple[Message, ...]) -> tuple[
     """What the model is sent for the answer after a stop: `history` (the session's) up to
     the episode's request, then the directive, which quotes the request and its results.
     The episode's own calls, self-answers and directives are left out: measured on
-    SmolLM2-135M, a model sent them copied the last notice (a duplicate's) as its answer.
-    A session reattached without a request is sent all of `history`."""
+    SmolLM2-135M, a model sent them copied the last notice (a duplicate's) as its answer."""
     stop = state.answering
     assert stop is not None
-    if state.request is None:
+    start = _episode_start(state)
+    if start is None:
         return history
-    for index in range(len(history) - 1, -1, -1):
-        message = history[index]
-        if message.get("role") == "user" and text_of(message) == state.request:
-            return (*history[:index], {"role": "user", "content": stop.text})
-    return history
+    return (*history[:start], {"role": "user", "content": stop.text})

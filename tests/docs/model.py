@@ -83,9 +83,9 @@ def answer(request: dict[str, Any], ids: itertools.count[int]) -> tuple[int, dic
     """The status and body that answer a chat-completions request by its prompt's plan."""
     messages: list[dict[str, Any]] = request.get("messages", [])
     if request.get("tool_choice") == "none" and messages:
-        asked = _ANSWER_AFTER_STOP.search(_text(messages[-1]))
-        if asked is not None and asked["prompt"] in PLANS:
-            reply = PLANS[asked["prompt"]].answer.format(result=asked["results"])
+        quoted = _ANSWER_AFTER_STOP.search(_text(messages[-1]))
+        if quoted is not None and quoted["prompt"] in PLANS:
+            reply = PLANS[quoted["prompt"]].answer.format(result=quoted["results"])
             return 200, text_response(reply, usage=(40, 10))
     start = next(
         (

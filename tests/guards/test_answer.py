@@ -124,10 +124,12 @@ async def test_going_in_circles_ends_with_an_answer_from_the_results() -> None:
     assert isinstance(events[-2], ModelResponded)
     assert not any(isinstance(event, Halted) for event in events)
     last = chat.requests[-1]
-    assert withdrawn(last) and not any(withdrawn(r) for r in chat.requests[:-1])
+    assert withdrawn(last)
+    assert not any(withdrawn(r) for r in chat.requests[:-1])
     directive = last["messages"][-1]
     assert directive["role"] == "user"
-    assert "What is 1 + 1?" in directive["content"] and "2" in directive["content"]
+    assert "What is 1 + 1?" in directive["content"]
+    assert "2" in directive["content"]
     assert (result.state.status, result.state.answering) == ("idle", None)
     check_exact(result.events, result.state)
 
@@ -153,9 +155,11 @@ async def test_a_reply_without_text_halts_with_the_gist() -> None:
         "going_in_circles",
         3,
     )
-    assert result.text is not None and result.text.startswith("2")
+    assert result.text is not None
+    assert result.text.startswith("2")
     halted = events_of(result)[-1]
-    assert isinstance(halted, Halted) and halted.guard == "loop"
+    assert isinstance(halted, Halted)
+    assert halted.guard == "loop"
     # The call of the reply to the withdrawn tools was not run: answered as not run.
     assert result.state.pending == ()
     assert result.transcript[-1]["role"] == "tool"
@@ -169,11 +173,13 @@ async def test_a_failed_answer_call_halts_with_the_stop_and_its_gist() -> None:
     async def chat(request: dict[str, Any]) -> dict[str, Any]:
         if withdrawn(request):
             raise ChatError("HTTP 400", transient=False, status=400)
-        return await inner(request)
+        response: dict[str, Any] = await inner(request)
+        return response
 
     result = await run(SPEC, "What is 1 + 1?", chat, tools={"add": add})
     assert (result.terminal, result.stop_reason) == ("terminated", "going_in_circles")
-    assert result.text is not None and result.text.startswith("2")
+    assert result.text is not None
+    assert result.text.startswith("2")
     check_exact(result.events, result.state)
 
 
@@ -252,7 +258,8 @@ async def test_poll_turn_leaves_the_answer_call_in_flight_for_resume() -> None:
     more, state = await poll_turn(state, Resume(state.pending, (ToolResult(use.id, "5"),)), chat)
     turn = normalize(more)
     assert (turn.terminal, turn.tool_uses) == ("requires_action", ())
-    assert state.in_poll and state.answering is not None
+    assert state.in_poll
+    assert state.answering is not None
     assert state.answering.guard == "terminal"
     last, state = await poll_turn(state, Resume(), chat)
     turn = normalize(last)
@@ -266,7 +273,7 @@ async def test_poll_turn_leaves_the_answer_call_in_flight_for_resume() -> None:
 
 
 @pytest.mark.parametrize(
-    "spec,guards,chat_of",
+    ("spec", "guards", "chat_of"),
     [
         (SPEC, GuardConfig(), lambda: looping()),
         (TERMINAL_SPEC, NO_REPROMPTS, no_terminal_script),
@@ -365,5 +372,6 @@ def test_an_episode_never_exceeds_max_turns_and_ends_with_an_outcome(
         isinstance(last, ModelResponded) and not last.message.get("tool_calls")
     )
     assert ended, last
-    assert result.state.answering is None and not result.state.in_poll
+    assert result.state.answering is None
+    assert not result.state.in_poll
     check_exact(result.events, result.state)

@@ -15,6 +15,7 @@ from turnkeeper.core import (
     AgentSpec,
     ChatError,
     GuardConfig,
+    LoopDetection,
     ReplayError,
     SeqError,
     ToolSpec,
@@ -147,6 +148,9 @@ async def working_run() -> RunResult:
         chat,
         tools={"search": search, "fetch": fetch},
         require_terminal_tool=True,
+        # The loop guard warns rather than stopping for an answer, so the run goes on to
+        # the terminal tool.
+        guards=GuardConfig(loop=LoopDetection(answer=False)),
     )
 
 

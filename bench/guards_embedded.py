@@ -17,8 +17,9 @@ Rows (`--configs`): `default` is what `turnkeeper run` uses for the embedded mod
 default guards and small-model mode); `off` turns every guard off but max_turns, which
 alone bounds a run (its stop a halt, no answer after it); `no_answer` is the default with
 every stop a halt (each guard's `answer` setting off); `no_<guard>` is the default with
-that one guard off (one row per guard the default has on, max_turns aside). `openai-agents`, `pydantic-ai` and `openai-chat`
-(turnkeeper `run` with OpenAIChat, default guards) drive the same GGUF through
+that one guard off (one row per guard the default has on, max_turns aside).
+`openai-agents`, `pydantic-ai` and `openai-chat` (turnkeeper `run` with OpenAIChat,
+default guards) drive the same GGUF through
 `turnkeeper model serve` on 127.0.0.1, started here; a framework that is not installed or
 cannot drive the endpoint gets a row that says why, and counts as no answer.
 

@@ -182,7 +182,7 @@ def consecutive_errors(view: GuardView) -> Verdict:
 def loop_detection(view: GuardView) -> Verdict:
     """Flag a new repeat (same call and same answer, or the same reply text) to the model
     `warnings` times; halt at the next repeat after that. A stop that becomes an answer
-    after it (see `answers_after`) is not warned of first."""
+    after it (see `answers_after`) is not warned of first, unless the repeat is a reply."""
     state = view.state
     config = state.guards.loop
     if view.phase != "before_call" or config is None:
@@ -193,8 +193,11 @@ def loop_detection(view: GuardView) -> Verdict:
     lead = f"I stopped because I was going in circles: {what} kept giving the same answer."
     halt = Halt("loop", "going_in_circles", with_last_result(state, lead))
     # A warning asks the model to use the answers it has or finish; when the stop becomes
-    # an answer from those results with tools withdrawn, that is what happens, a call sooner.
-    if state.warnings < config.warnings and not answers_after(state, halt):
+    # an answer from those results with tools withdrawn, that is what happens, a call
+    # sooner. A repeated reply (the fold's `last_repeat` for it) is still warned of: it may
+    # be a bad reply the repair guard sends back.
+    repeated_call = state.last_repeat != "the same reply as before"
+    if state.warnings < config.warnings and not (repeated_call and answers_after(state, halt)):
         text = (
             f"You are going in circles: {what} gave the same answer as before. Do not repeat "
             "it. Use the answers you already have, try something different, or finish."

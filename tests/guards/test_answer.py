@@ -31,7 +31,7 @@ from turnkeeper.events import (
     ModelResponded,
     TerminalToolCalled,
 )
-from turnkeeper.guards import Halt, answer_request, answers_after, episode_results
+from turnkeeper.guards import Halt, answer_request, answers_after, episode_results, grounded
 from turnkeeper.logs import MemoryLog
 from turnkeeper.providers import ScriptedChat, text_response, tool_response
 from turnkeeper.sessions import (
@@ -375,3 +375,25 @@ def test_an_episode_never_exceeds_max_turns_and_ends_with_an_outcome(
     assert result.state.answering is None
     assert not result.state.in_poll
     check_exact(result.events, result.state)
+
+
+@pytest.mark.parametrize(
+    ("result", "reply", "held"),
+    [
+        ("42", "17 + 25 = 42", True),
+        ("42", "17 + 25 = 32", False),
+        ("190 dollars", "The stock price of Apple is $190", True),
+        ("Paris: sunny", "Sunny.", True),
+        ("Lima", "I do not know.", False),
+        ("x" * 200, "anything", True),
+    ],
+)
+def test_an_answer_must_hold_a_short_result(result: str, reply: str, held: bool) -> None:
+    state = open_session(SPEC)
+    history = (
+        *state.history,
+        {"role": "user", "content": "q?"},
+        {"role": "tool", "tool_call_id": "c1", "content": result},
+    )
+    state = msgspec.structs.replace(state, history=history, request="q?")
+    assert grounded(state, reply) is held

@@ -5,6 +5,8 @@ results, instead of ending with the last result's gist. What decides it is here,
 
 from __future__ import annotations
 
+import re
+
 from turnkeeper.core import Message, gist, text_of
 from turnkeeper.events import AnswerRequested
 from turnkeeper.guards._view import Halt
@@ -107,12 +109,25 @@ _JUDGED_CHARS = 100
 
 def grounded(state: SessionState, text: str) -> bool:
     """Whether `text`, the reply to an answer after a stop, holds one of the episode's
-    results (in any case), or the results are too long to expect that of. Measured on
-    SmolLM2-135M: asked for 17 + 25 with the result 42 quoted, it answered "17 + 25 = 32";
-    the stop's gist (42) serves the user better than that."""
-    results = [" ".join(result.split()).lower() for result in episode_results(state)]
-    short = [result for result in results if len(result) <= _JUDGED_CHARS]
-    if not short:
+    results, or the results are too long to expect that of. A result with numbers is held
+    when each of its numbers is in the reply ("$190" holds "190 dollars"); one without,
+    when one of its words is (in any case). Measured on SmolLM2-135M: asked for 17 + 25
+    with the result 42 quoted, it answered "17 + 25 = 32"; the stop's gist (42) serves the
+    user better than that."""
+    results = [result for result in episode_results(state) if len(result) <= _JUDGED_CHARS]
+    if not results:
         return True
-    said = " ".join(text.split()).lower()
-    return any(result in said for result in short)
+    numbers = set(_NUMBER.findall(text))
+    words = set(_WORD.findall(text.lower()))
+    for result in results:
+        held = set(_NUMBER.findall(result))
+        if held:
+            if held <= numbers:
+                return True
+        elif words & set(_WORD.findall(result.lower())):
+            return True
+    return False
+
+
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+_WORD = re.compile(r"[^\W\d_]{3,}")

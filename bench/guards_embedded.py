@@ -15,9 +15,11 @@ longer one; words in any case).
 
 Rows (`--configs`): `default` is what `turnkeeper run` uses for the embedded model (the
 default guards and small-model mode); `off` turns every guard off but max_turns, which
-alone bounds a run; `no_<guard>` is the default with that one guard off (one row per guard
-the default has on, max_turns aside). `openai-agents`, `pydantic-ai` and `openai-chat`
-(turnkeeper `run` with OpenAIChat, default guards) drive the same GGUF through
+alone bounds a run (its stop a halt, no answer after it); `no_answer` is the default with
+every stop a halt (each guard's `answer` setting off); `no_<guard>` is the default with
+that one guard off (one row per guard the default has on, max_turns aside).
+`openai-agents`, `pydantic-ai` and `openai-chat` (turnkeeper `run` with OpenAIChat,
+default guards) drive the same GGUF through
 `turnkeeper model serve` on 127.0.0.1, started here; a framework that is not installed or
 cannot drive the endpoint gets a row that says why, and counts as no answer.
 
@@ -395,15 +397,31 @@ def _may_be_off(name: str) -> bool:
 
 
 def guard_configs() -> dict[str, GuardConfig]:
-    """`default`, `off` (every guard that can be off, but max_turns), and the default less
-    each guard it has on in turn: read from GuardConfig, so a new guard gets its row."""
+    """`default`, `off` (every guard that can be off, but max_turns, without the answer
+    after its stop), `no_answer` (the default, each stop a halt: no answer after it), and
+    the default less each guard it has on in turn: read from GuardConfig, so a new guard
+    gets its row."""
     names = [name for name in GuardConfig.__struct_fields__ if _may_be_off(name)]
     off = {name: None for name in names if name != "max_turns"}
-    configs = {"default": DEFAULT_GUARDS, "off": GuardConfig(**off, max_turns=MaxTurns())}
+    configs = {
+        "default": DEFAULT_GUARDS,
+        "off": GuardConfig(**off, max_turns=MaxTurns(answer=False)),
+        "no_answer": _without_answers(DEFAULT_GUARDS),
+    }
     for name in names:
         if name != "max_turns" and getattr(DEFAULT_GUARDS, name) is not None:
             configs[f"no_{name}"] = msgspec.structs.replace(DEFAULT_GUARDS, **{name: None})
     return configs
+
+
+def _without_answers(config: GuardConfig) -> GuardConfig:
+    """`config` with the `answer` setting of each guard that has one off."""
+    changes = {
+        name: msgspec.structs.replace(value, answer=False)
+        for name in GuardConfig.__struct_fields__
+        if hasattr(value := getattr(config, name), "answer")
+    }
+    return msgspec.structs.replace(config, **changes)
 
 
 CONFIGS = guard_configs()

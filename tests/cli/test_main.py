@@ -25,6 +25,7 @@ from tests.sessions.test_host_quarantine import KINDS, make_log, sqlite_damage
 from tests.sessions.test_old_logs import OLD_VALUES, opened_holding
 from turnkeeper.core import AgentSpec, Budget, GuardConfig
 from turnkeeper.events import (
+    AnsweredAfterStop,
     Envelope,
     Halted,
     MessageReceived,
@@ -184,14 +185,23 @@ def test_run_guards_change_only_the_guards_they_name(tmp_path: Path) -> None:
             "--json",
             cwd=tmp_path,
         )
-    assert done.code == 1
+    # The spent budget still allows the answer after its stop, tools withdrawn.
+    assert done.code == 0
     events = events_of(done.out)
     opened = events[0].event
     assert isinstance(opened, SessionOpened)
     assert opened.guards == GuardConfig(budget=Budget(max_tokens=5))
     last = events[-1].event
-    assert isinstance(last, Halted)
-    assert (last.guard, last.reason) == ("budget", "budget_exceeded")
+    assert last == AnsweredAfterStop(guard="budget", reason="budget_exceeded")
+    assert len(server.received) == 2
+    assert server.received[1].body["tool_choice"] == "none"
+    with chat_server(reply(ADD), reply(ANSWER)) as server:
+        off = '{"budget": {"max_tokens": 5, "answer": false}}'
+        done = cli(
+            "run", "What is 2+3?", "--base-url", server.base_url, "--guards", off, cwd=tmp_path
+        )
+    assert done.code == 1
+    assert "halted by budget (budget_exceeded)" in done.err
     assert len(server.received) == 1
 
 
@@ -326,7 +336,8 @@ def same_call(number: int) -> Reply:
 
 
 def record_loop(tmp_path: Path, log: str) -> Done:
-    """A model that asks the same thing forever, recorded with loop detection off."""
+    """A model that asks the same thing forever, recorded with loop detection off (and
+    without the answer after max_turns' stop)."""
     with chat_server(*[same_call(number) for number in range(1, 11)]) as server:
         return cli(
             "run",
@@ -334,7 +345,7 @@ def record_loop(tmp_path: Path, log: str) -> Done:
             "--base-url",
             server.base_url,
             "--guards",
-            '{"loop": null}',
+            '{"loop": null, "max_turns": {"answer": false}}',
             "--max-turns",
             "5",
             "--log",
@@ -371,7 +382,9 @@ def test_a_recorded_loop_replays_and_would_halt_under_other_guards(
     assert same.code == 0
     assert same.out.splitlines()[-1] == "under the given guards: the same outcome at every poll"
 
-    halting = cli("replay", path, "--guards", '{"loop": {"warnings": 0}}', cwd=tmp_path)
+    halting = cli(
+        "replay", path, "--guards", '{"loop": {"warnings": 0, "answer": false}}', cwd=tmp_path
+    )
     assert halting.code == 1
     assert halting.out.splitlines()[-1] == (
         "under the given guards: would halt at poll 3: going_in_circles "
@@ -392,9 +405,10 @@ def test_a_recorded_loop_replays_and_would_halt_under_other_guards(
     (tmp_path / "loop-on.json").write_text('{"loop": {}}')
     warning = cli("replay", path, "--guards", str(tmp_path / "loop-on.json"), cwd=tmp_path)
     assert warning.code == 1
+    # Loop detection on, its stop answered: the repeat leads to the answer, not a warning.
     assert warning.out.splitlines()[-1] == (
-        "under the given guards: would add a directive from loop at poll 3 "
-        "(the log shows: call the model)"
+        "under the given guards: would ask for an answer without tools after loop "
+        "(going_in_circles) at poll 3 (the log shows: call the model)"
     )
 
 

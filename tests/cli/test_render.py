@@ -8,6 +8,8 @@ import pytest
 from turnkeeper.cli._render import step_line
 from turnkeeper.core import AgentSpec, GuardConfig, ToolResult, Usage
 from turnkeeper.events import (
+    AnsweredAfterStop,
+    AnswerRequested,
     AnyEvent,
     Cancelled,
     ChatFailed,
@@ -51,6 +53,11 @@ EVENTS: list[tuple[AnyEvent, str]] = [
     (McpFailed("fs", "died", "EOF", "read", "c1"), "MCP server fs went away (calling read): EOF"),
     (McpFailed("fs", "start_failed", "no such file"), "MCP server fs could not start: no such"),
     (Halted("loop", "going_in_circles", "I stopped."), "halted by loop (going_in_circles)"),
+    (
+        AnswerRequested("loop", "going_in_circles", "I stopped.", "Answer now."),
+        "guard loop (going_in_circles): stopped; asking for an answer",
+    ),
+    (AnsweredAfterStop("loop", "going_in_circles"), "answered after loop (going_in_circles)"),
     (TerminalToolCalled("c2", "finish", {"answer": "4"}), "finished with finish"),
     (Cancelled("the user asked"), "cancelled: the user asked"),
     (Failed("crashed 4 times"), "failed: crashed 4 times"),

@@ -10,6 +10,7 @@ example added with a new prompt fails until its plan is written here.
 from __future__ import annotations
 
 import itertools
+import re
 from dataclasses import dataclass, field
 from typing import Any, SupportsIndex
 
@@ -24,7 +25,9 @@ from turnkeeper.providers import text_response, tool_response
 class Plan:
     """How the model answers a prompt: `calls` (tool name, arguments) one per model call
     while the tool is offered, then `answer`, where `{result}` stands for the last tool
-    result. With `forever`, it makes its last call again and again instead of answering."""
+    result. With `forever`, it makes its last call again and again instead of answering,
+    until the tools are withdrawn (`tool_choice: "none"`, the answer after a guard's stop):
+    then it answers, `{result}` standing for the results the directive quotes."""
 
     calls: tuple[tuple[str, dict[str, Any]], ...] = ()
     answer: str = ""
@@ -38,7 +41,9 @@ PLANS: dict[str, Plan] = {
     "And 4+4?": Plan(answer="8"),
     "Answer briefly: what is the capital of France?": Plan(answer="Paris."),
     "What is the capital of France?": Plan(
-        calls=(("capital_of", {"country": "France"}),), forever=True
+        calls=(("capital_of", {"country": "France"}),),
+        answer="The capital of France is {result}.",
+        forever=True,
     ),
     "How many km is 26.2 mi?": Plan(
         calls=(("convert_units", {"value": 26.2, "from_unit": "mi", "to_unit": "km"}),),
@@ -48,7 +53,9 @@ PLANS: dict[str, Plan] = {
     "Look up the answer.": Plan(
         calls=(("lookup", {"key": "answer"}),), answer="The answer is {result}."
     ),
-    "Keep checking the weather.": Plan(calls=(("weather", {"city": "Paris"}),), forever=True),
+    "Keep checking the weather.": Plan(
+        calls=(("weather", {"city": "Paris"}),), answer="It is {result}.", forever=True
+    ),
     "Read /etc/shadow": Plan(
         calls=(("read_file", {"path": "/etc/shadow"}),), answer="I could not read it."
     ),
@@ -66,9 +73,20 @@ def _text(message: dict[str, Any]) -> str:
     return content if isinstance(content, str) else ""
 
 
+_ANSWER_AFTER_STOP = re.compile(
+    r'The user asked: "(?P<prompt>.*)"\. The tools returned: (?P<results>.*)\. Using these'
+)
+"""The directive of the answer after a guard's stop (turnkeeper.guards.answer_request)."""
+
+
 def answer(request: dict[str, Any], ids: itertools.count[int]) -> tuple[int, dict[str, Any]]:
     """The status and body that answer a chat-completions request by its prompt's plan."""
     messages: list[dict[str, Any]] = request.get("messages", [])
+    if request.get("tool_choice") == "none" and messages:
+        quoted = _ANSWER_AFTER_STOP.search(_text(messages[-1]))
+        if quoted is not None and quoted["prompt"] in PLANS:
+            reply = PLANS[quoted["prompt"]].answer.format(result=quoted["results"])
+            return 200, text_response(reply, usage=(40, 10))
     start = next(
         (
             index

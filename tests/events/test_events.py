@@ -14,6 +14,8 @@ from turnkeeper.core import AgentSpec, Budget, GuardConfig, LogCorrupt, ToolResu
 from turnkeeper.events import Counts
 from turnkeeper.events._codec import decode_envelope, encode_envelope
 from turnkeeper.events._events import (
+    AnsweredAfterStop,
+    AnswerRequested,
     AnyEvent,
     Cancelled,
     ChatFailed,
@@ -52,6 +54,8 @@ TAGS: dict[type[Event], str] = {
     ToolMayHaveRun: "local.tool_may_have_run",
     ToolReturned: "local.tool_result",
     Halted: "local.halted",
+    AnswerRequested: "local.answer_requested",
+    AnsweredAfterStop: "local.answered_after_stop",
     TerminalToolCalled: "local.terminal",
     Cancelled: "local.cancelled",
     Failed: "local.failed",
@@ -109,6 +113,10 @@ EXAMPLES: list[AnyEvent] = [
     ToolReturned(tool_call_id="call_1", text="boom", is_error=True),
     ToolMayHaveRun(tool_call_id="call_1", name="search"),
     Halted(guard="loop", reason="going_in_circles", message="Stopped: going in circles."),
+    AnswerRequested(
+        guard="loop", reason="going_in_circles", message="2\n\nI stopped.", text="Answer now."
+    ),
+    AnsweredAfterStop(guard="loop", reason="going_in_circles"),
     TerminalToolCalled(tool_call_id="call_3", name="search", result={"answer": 42}),
     Cancelled(reason="user asked"),
     Failed(error="crashed 3 times in 60 s"),

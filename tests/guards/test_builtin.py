@@ -754,7 +754,16 @@ def test_repair_halts_with_an_apology_at_the_second_bad_reply_in_a_row() -> None
     ("links", "acts"), [(1, None), (2, None), (3, "directive"), (4, "halt"), (5, "halt")]
 )
 def test_self_feeding_warns_past_max_links_then_halts(links: int, acts: str | None) -> None:
-    verdict = self_feeding(feeding_chain(links))
+    view = feeding_chain(links)
+    # Without the answer after the stop, which needs no warning first (below).
+    off = GuardConfig(self_feeding=SelfFeeding(answer=False))
+    verdict = self_feeding(
+        msgspec.structs.replace(view, state=msgspec.structs.replace(view.state, guards=off))
+    )
+    if links == 3:
+        answered = self_feeding(view).halt
+        assert answered is not None
+        assert answered.reason == "feeding_on_results"
     if acts is None:
         assert verdict is CONTINUE
     elif acts == "directive":

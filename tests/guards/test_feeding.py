@@ -82,6 +82,11 @@ def feeding(
     return ScriptedChat(script)
 
 
+WARN_THEN_HALT = GuardConfig(self_feeding=SelfFeeding(answer=False))
+"""The guard without the answer after its stop (tests/guards/test_answer.py has that),
+so that it warns first and its stop is a halt."""
+
+
 def guard_events(result: RunResult) -> tuple[list[str], list[tuple[str, str]]]:
     directives = [
         e.event.text
@@ -100,7 +105,9 @@ def consistent(result: RunResult) -> None:
 @pytest.mark.anyio
 async def test_a_square_root_of_the_last_square_root_is_warned_then_stopped() -> None:
     chat = feeding(7, lambda last: ("sqrt", {"x": float(last)}), ("sqrt", {"x": 16}))
-    result = await run(SPEC, "What is the square root of 16?", chat, tools=TOOLS)
+    result = await run(
+        SPEC, "What is the square root of 16?", chat, tools=TOOLS, guards=WARN_THEN_HALT
+    )
     directives, halts = guard_events(result)
     # sqrt(16), then 3 links allowed: the 3rd is over max_links=2 and warned, the 4th stops.
     assert result.turns == 5
@@ -121,7 +128,9 @@ async def test_an_expression_holding_the_last_result_feeds_on_it() -> None:
         lambda last: ("calculator", {"expression": f"sqrt({last})"}),
         ("calculator", {"expression": "sqrt(16)"}),
     )
-    result = await run(CALC_SPEC, "sqrt(16)?", chat, tools={"calculator": CALCULATOR[1]})
+    result = await run(
+        CALC_SPEC, "sqrt(16)?", chat, tools={"calculator": CALCULATOR[1]}, guards=WARN_THEN_HALT
+    )
     directives, halts = guard_events(result)
     assert (len(directives), halts) == (1, [("self_feeding", "feeding_on_results")])
     assert result.text is not None
@@ -134,7 +143,7 @@ async def test_a_result_rounded_or_cut_by_the_model_still_feeds() -> None:
     chat = feeding(
         7, lambda last: ("sqrt", {"x": math.floor(float(last) * 1e4) / 1e4}), ("sqrt", {"x": 7})
     )
-    result = await run(SPEC, "sqrt 7?", chat, tools=TOOLS)
+    result = await run(SPEC, "sqrt 7?", chat, tools=TOOLS, guards=WARN_THEN_HALT)
     assert guard_events(result)[1] == [("self_feeding", "feeding_on_results")]
 
 
@@ -172,8 +181,8 @@ async def test_a_short_chain_is_left_alone() -> None:
 @pytest.mark.parametrize(
     ("config", "turns", "warned", "stopped"),
     [
-        (SelfFeeding(max_links=1, warnings=0), 3, 0, True),
-        (SelfFeeding(max_links=2, warnings=2), 6, 2, True),
+        (SelfFeeding(max_links=1, warnings=0, answer=False), 3, 0, True),
+        (SelfFeeding(max_links=2, warnings=2, answer=False), 6, 2, True),
         (SelfFeeding(max_links=6, warnings=1), 8, 0, False),
         (None, 8, 0, False),
     ],
@@ -202,7 +211,7 @@ async def test_a_chain_broken_by_another_call_starts_again() -> None:
                 lambda request: tool_response(("sqrt", {"x": float(last_result(request))}))
             )
     script.append(text_response("done"))
-    result = await run(SPEC, "go", ScriptedChat(script), tools=TOOLS)
+    result = await run(SPEC, "go", ScriptedChat(script), tools=TOOLS, guards=WARN_THEN_HALT)
     directives, halts = guard_events(result)
     # Each chain reaches 3 links, one over the limit: each is warned, neither stopped.
     assert halts == []
@@ -258,7 +267,9 @@ def test_the_verdict_depends_on_the_view_alone() -> None:
             views.append(view)
         return default_guards(view)
 
-    result = anyio.run(lambda: run(SPEC, "sqrt 16?", chat, tools=TOOLS, guard=recording))
+    result = anyio.run(
+        lambda: run(SPEC, "sqrt 16?", chat, tools=TOOLS, guard=recording, guards=WARN_THEN_HALT)
+    )
     assert guard_events(result)[1] == [("self_feeding", "feeding_on_results")]
     verdicts = [self_feeding(view) for view in views]
     assert [self_feeding(msgspec.structs.replace(view)) for view in views] == verdicts

@@ -8,6 +8,8 @@ import pytest
 
 from turnkeeper.core import AgentSpec, GuardConfig, SmallModel, ToolSpec
 from turnkeeper.events import (
+    AnsweredAfterStop,
+    AnswerRequested,
     Halted,
     ModelResponded,
     ToolCalled,
@@ -87,3 +89,47 @@ async def test_the_model_calls_a_real_tool_and_the_session_ends_cleanly(
     assert str(calls[-1][0] + calls[-1][1]) in result.text
     halts = [event for event in events if isinstance(event, Halted)]
     assert all(halt.reason != "max_turns_exceeded" for halt in halts)
+
+
+@pytest.mark.anyio
+async def test_the_last_allowed_poll_answers_from_the_result_with_tools_withdrawn(
+    chat: EmbeddedChat,
+) -> None:
+    # Two model calls allowed: the tool call, then the answer after max_turns' stop, made
+    # with tools withdrawn, which the embedded backend's grammar holds to an answer.
+    requests: list[dict[str, Any]] = []
+
+    async def recording(request: dict[str, Any]) -> dict[str, Any]:
+        requests.append(request)
+        return await chat(request)
+
+    async def add(a: int, b: int) -> str:
+        return str(a + b)
+
+    result = await run(
+        SPEC,
+        "What is 17 plus 25?",
+        recording,
+        tools={"add": add},
+        max_turns=2,
+        guards=GuardConfig(small_model=SmallModel()),
+    )
+    events = [envelope.event for envelope in result.events]
+    assert [type(event) for event in events if isinstance(event, ToolCalled)] == [ToolCalled]
+    asked = [event for event in events if isinstance(event, AnswerRequested)]
+    assert [(event.guard, event.reason) for event in asked] == [("max_turns", "max_turns_exceeded")]
+    assert [request.get("tool_choice") for request in requests] == [None, "none"]
+    assert result.turns == 2
+    assert result.text is not None
+    assert not result.state.pending
+    # The reply is the answer if it holds the result; else (the model miscounting the sum
+    # it was given) the episode halts with the result's gist.
+    if isinstance(events[-1], AnsweredAfterStop):
+        assert events[-1] == AnsweredAfterStop(guard="max_turns", reason="max_turns_exceeded")
+        assert (result.terminal, result.stop_reason) == ("end_turn", "end_turn")
+    else:
+        assert events[-1] == Halted(
+            guard="max_turns", reason="max_turns_exceeded", message=asked[0].message
+        )
+        assert result.terminal == "terminated"
+    assert "42" in result.text

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from turnkeeper.core import AgentSpec, ChatError, ToolSpec
+from turnkeeper.core import AgentSpec, ChatError, GuardConfig, LoopDetection, ToolSpec
 from turnkeeper.events import Envelope
 from turnkeeper.logs import EventLog, JsonlLog, MemoryLog, SqliteLog
 from turnkeeper.providers import text_response, tool_response
@@ -103,8 +103,12 @@ async def test_the_statuses_are_the_ones_a_host_gives() -> None:
     async with Host(
         chat=model, log=log, tools={"lookup": lookup}, restart_backoff=0, max_restarts=1
     ) as host:
+        # `loop` halts: its stop is not turned into an answer.
+        halts = GuardConfig(loop=LoopDetection(answer=False))
         ids = {
-            prompt: await host.start(SPEC, prompt, session_id=prompt)
+            prompt: await host.start(
+                SPEC, prompt, session_id=prompt, guards=halts if prompt == "loop" else None
+            )
             for prompt in ("ask", "loop", "down", "crash", "wait", "plain")
         }
         cancelled = await host.start(SPEC, "ask", session_id="cancelled")

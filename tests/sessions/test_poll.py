@@ -13,6 +13,8 @@ from turnkeeper.core import (
     ChatError,
     GuardConfig,
     InputError,
+    LoopDetection,
+    MaxTurns,
     ToolResult,
     ToolSpec,
     call_key,
@@ -120,7 +122,8 @@ async def test_all_duplicate_turn_requires_action_with_no_uses_and_model_sees_an
             text_response("done"),
         ]
     )
-    state = open_session(SPEC)
+    # Without the answer after the loop guard's stop, which would follow the repeat.
+    state = open_session(SPEC, guards=GuardConfig(loop=LoopDetection(answer=False)))
     _, state = await poll_turn(state, Kickoff("go"), chat)
     events, state = await poll_turn(state, results_for(state, "A"), chat)
     turn = normalize(events)
@@ -189,7 +192,10 @@ async def test_last_allowed_poll_carries_final_turn_directive_naming_terminal_to
     chat = ScriptedChat(
         [tool_response(("search", {"q": str(i)})) for i in range(2)] + [text_response("x")]
     )
-    state = open_session(SPEC, max_turns=3)
+    # Without the answer after the stop, which takes the last poll's place when the episode
+    # has results (tests/guards/test_answer.py).
+    guards = GuardConfig(max_turns=MaxTurns(answer=False))
+    state = open_session(SPEC, max_turns=3, guards=guards)
     events, state = await poll_turn(state, Kickoff("go"), chat)
     assert not any(isinstance(e.event, DirectiveInjected) for e in events)
     events, state = await poll_turn(state, results_for(state), chat)

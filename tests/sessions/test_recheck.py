@@ -56,7 +56,11 @@ pytestmark = pytest.mark.anyio
 SPEC = AgentSpec(tools=(ToolSpec("search"), ToolSpec("status", repeatable=True)))
 
 
-async def looping_run(*, max_turns: int = 50, guards: GuardConfig | None = None) -> Any:
+WARN_THEN_HALT = GuardConfig(loop=LoopDetection(answer=False))
+"""Loop detection without the answer after its stop: it warns, then halts."""
+
+
+async def looping_run(*, max_turns: int = 50, guards: GuardConfig = WARN_THEN_HALT) -> Any:
     async def chat(request: dict[str, Any]) -> dict[str, Any]:
         return tool_response(("status", {"job": 1}))
 
@@ -77,15 +81,23 @@ async def test_a_log_rechecked_under_its_own_guards_agrees() -> None:
 async def test_loop_guard_off_then_on_reports_the_poll_it_would_halt_at() -> None:
     result = await looping_run(max_turns=6, guards=GuardConfig(loop=None))
     assert result.stop_reason == "max_turns_exceeded"
-    divergence = recheck(result.events, guards=GuardConfig())
+    divergence = recheck(result.events, guards=WARN_THEN_HALT)
     assert divergence is not None
     assert divergence.poll == 3
     assert divergence.summary == (
         "would add a directive from loop at poll 3 (the log shows: call the model)"
     )
-    halting = recheck(result.events, guards=GuardConfig(loop=LoopDetection(warnings=0)))
+    halting = recheck(
+        result.events, guards=GuardConfig(loop=LoopDetection(warnings=0, answer=False))
+    )
     assert halting is not None
     assert halting.summary.startswith("would halt at poll 3: going_in_circles")
+    answering = recheck(result.events, guards=GuardConfig())
+    assert answering is not None
+    assert answering.summary == (
+        "would ask for an answer without tools after loop (going_in_circles) at poll 3 "
+        "(the log shows: call the model)"
+    )
 
 
 async def test_turning_a_guard_off_reports_where_the_log_halted() -> None:
@@ -242,11 +254,13 @@ async def test_the_same_guard_acting_otherwise_names_what_differs() -> None:
     async def chat(request: dict[str, Any]) -> dict[str, Any]:
         return tool_response(("search", {"q": next(calls)}), usage=(10, 5))
 
+    budget = Budget(max_tokens=25, answer=False)
     result = await run(
-        SPEC, "go", chat, tools={"search": search}, guards=GuardConfig(budget=Budget(max_tokens=25))
+        SPEC, "go", chat, tools={"search": search}, guards=GuardConfig(budget=budget)
     )
     assert result.stop_reason == "budget_exceeded"
-    divergence = recheck(result.events, guards=GuardConfig(budget=Budget(max_tokens=30)))
+    wider = GuardConfig(budget=Budget(max_tokens=30, answer=False))
+    divergence = recheck(result.events, guards=wider)
     assert divergence is not None
     assert divergence.summary == (
         "would halt at poll 3: budget_exceeded as the log shows, "
@@ -257,7 +271,7 @@ async def test_the_same_guard_acting_otherwise_names_what_differs() -> None:
 async def test_a_log_ending_partway_through_a_step_is_read_as_its_guards_would_go_on() -> None:
     # Cut short between two appends, as a stopped process leaves a log: before the loop
     # guard's halt after a poll's input, and before the repair guard's after a reply.
-    looped = await looping_run(guards=GuardConfig(loop=LoopDetection(warnings=0)))
+    looped = await looping_run(guards=GuardConfig(loop=LoopDetection(warnings=0, answer=False)))
     repaired = await run(SPEC, "look it up", calling_an_unknown_tool(), tools={"search": search})
     for result, off, summary in (
         (

@@ -15,6 +15,7 @@ from turnkeeper.core import (
     AgentSpec,
     ChatError,
     GuardConfig,
+    LoopDetection,
     ReplayError,
     SeqError,
     ToolSpec,
@@ -148,6 +149,9 @@ async def working_run() -> RunResult:
         chat,
         tools={"search": search, "fetch": fetch},
         require_terminal_tool=True,
+        # The loop guard warns rather than stopping for an answer, so the run goes on to
+        # the terminal tool.
+        guards=GuardConfig(loop=LoopDetection(answer=False)),
     )
 
 
@@ -247,7 +251,14 @@ def _as_logged_before_counts(events: tuple[Envelope, ...]) -> list[Envelope]:
 @pytest.mark.anyio
 async def test_an_old_log_of_loop_warnings_and_reprompts_replays_to_the_same_state() -> None:
     looping = ScriptedChat([tool_response(("search", {"q": "same"})) for _ in range(10)])
-    warned = await run(SPEC, "Go.", looping, tools={"search": search}, guards=GuardConfig())
+    # Answer off: with it, the stop becomes an answer before any warning.
+    warned = await run(
+        SPEC,
+        "Go.",
+        looping,
+        tools={"search": search},
+        guards=GuardConfig(loop=LoopDetection(answer=False)),
+    )
     chatty = ScriptedChat([text_response(f"Answer {n}.") for n in range(5)])
     reprompted = await run(SPEC, "Go.", chatty, require_terminal_tool=True)
     assert warned.state.warnings >= 1

@@ -27,6 +27,8 @@ from turnkeeper import tracing
 from turnkeeper.core import (
     AgentSpec,
     ChatError,
+    GuardConfig,
+    MaxTurns,
     McpServer,
     ToolSpec,
 )
@@ -287,7 +289,9 @@ async def test_guard_directives_and_halts_are_span_events(spans: InMemorySpanExp
     chat = ScriptedChat(
         [tool_response(("add", {"a": 1, "b": n})) for n in range(3)] + [text_response("x")]
     )
-    result = await run(SPEC, "count", chat, tools={"add": add}, max_turns=2)
+    # Without the answer after max_turns' stop, so that the final-turn directive is sent.
+    halting = GuardConfig(max_turns=MaxTurns(answer=False))
+    result = await run(SPEC, "count", chat, tools={"add": add}, max_turns=2, guards=halting)
     assert result.stop_reason == "max_turns_exceeded"
     [agent] = by_operation(spans.get_finished_spans(), "invoke_agent")
     events = [(event.name, dict(event.attributes or {})) for event in agent.events]
@@ -299,6 +303,20 @@ async def test_guard_directives_and_halts_are_span_events(spans: InMemorySpanExp
     ]
     assert all(isinstance(a["turnkeeper.event.seq"], int) for _, a in events)
     assert attrs(agent)["turnkeeper.stop_reason"] == "max_turns_exceeded"
+
+
+@pytest.mark.anyio
+async def test_an_answer_after_a_stop_is_two_span_events(spans: InMemorySpanExporter) -> None:
+    chat = ScriptedChat([tool_response(("add", {"a": 1, "b": 2})), text_response("1 + 2 = 3")])
+    result = await run(SPEC, "count", chat, tools={"add": add}, max_turns=2)
+    assert (result.stop_reason, result.text) == ("end_turn", "1 + 2 = 3")
+    [agent] = by_operation(spans.get_finished_spans(), "invoke_agent")
+    names = [event.name for event in agent.events]
+    assert names[-2:] == [
+        "turnkeeper.guard.answer_requested",
+        "turnkeeper.guard.answered_after_stop",
+    ]
+    assert dict(agent.events[-1].attributes or {})["turnkeeper.guard"] == "max_turns"
 
 
 @pytest.mark.anyio

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
-from typing import Any
+from typing import Any, TextIO, cast
 
 import anyio
 import msgspec
@@ -46,12 +46,25 @@ _COMMANDS: dict[str, tuple[type[msgspec.Struct], Callable[[Any], Awaitable[int]]
 }
 
 
+class _CurrentStderr:
+    """sys.stderr as it is at each write: a caller (a test's capture, say) may swap it
+    after `main` has configured the logs, and a log line must not go to a closed file."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line `argv` (default: the process's); return the exit code."""
     if not structlog.is_configured():
         # What the logs warn of goes to stderr: stdout is the command's output (a table,
         # JSON Lines), which a log line must not break.
-        structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
+        structlog.configure(
+            logger_factory=structlog.PrintLoggerFactory(cast(TextIO, _CurrentStderr()))
+        )
     try:
         namespace = build_parser().parse_args(argv)
         options_type, command = _COMMANDS[namespace.command]

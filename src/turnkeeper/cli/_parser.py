@@ -119,6 +119,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--timeout", type=_seconds, metavar="S", help="stop after S seconds")
     run.add_argument(
+        "--seed",
+        type=int,
+        metavar="N",
+        help="the sampling seed sent with each model call (the spec's seed; default: the "
+        "backend's own, 0 for the embedded model)",
+    )
+    run.add_argument(
         "--log", type=_text("a path"), metavar="PATH", help="record the session (.jsonl or SQLite)"
     )
     run.add_argument("--json", action="store_true", help="print every event as JSON Lines instead")

@@ -9,6 +9,8 @@ import msgspec
 
 from turnkeeper.core import AgentSpec, Message, text_of, tool_uses_of
 from turnkeeper.events import (
+    AnsweredAfterStop,
+    AnswerRequested,
     Cancelled,
     ChatFailed,
     ChatRetried,
@@ -111,6 +113,13 @@ def step_line(envelope: Envelope) -> str | None:
         return f"tool {event.name} again: it may have run before (the session moved workers)"
     if isinstance(event, Halted):
         return f"halted by {event.guard} ({event.reason}): {gist(event.message)}"
+    if isinstance(event, AnswerRequested):
+        return (
+            f"guard {event.guard} ({event.reason}): stopped; asking for an answer from the "
+            "tool results, tools withdrawn"
+        )
+    if isinstance(event, AnsweredAfterStop):
+        return f"answered after {event.guard} ({event.reason})"
     if isinstance(event, TerminalToolCalled):
         return f"finished with {event.name}({gist(_json(event.result))})"
     if isinstance(event, Cancelled):

@@ -43,6 +43,7 @@ class RunOptions(msgspec.Struct, frozen=True):
     log: str | None
     json: bool
     mcp: list[str] = []
+    seed: int | None = None
 
 
 class _Output:
@@ -117,6 +118,7 @@ async def run_command(options: RunOptions) -> int:
         terminal_tool=tools.terminal,
         model=options.model or "default",
         mcp_servers=mcp_servers_from_commands(options.mcp),
+        seed=options.seed,
     )
     tracing.configure_from_env()
     guards = GuardConfig()

@@ -17,7 +17,11 @@ FINAL_TURN_LEAD = "This is your last turn."
 
 
 class MaxTurns(msgspec.Struct, frozen=True):
-    """Halt an episode that would make more model calls than the session's `max_turns`."""
+    """Halt an episode that would make more model calls than the session's `max_turns`.
+    With `answer` (the default), an episode that has tool results makes its last allowed
+    poll with tools withdrawn, asked to answer from those results: that reply ends it."""
+
+    answer: bool = True
 
 
 class FinalTurn(msgspec.Struct, frozen=True):
@@ -32,7 +36,11 @@ class Repair(msgspec.Struct, frozen=True):
     """A bad reply goes back to the model once: bad calls (an unknown tool, unreadable or
     invalid arguments) as tool errors, and a reply without calls that is not an answer
     (unreadable, cut off by the token limit, or one phrase repeated) with a directive to
-    reply again. A second bad reply in a row ends the run with an apology."""
+    reply again. A second bad reply in a row ends the run with an apology, or with
+    `answer` (the default), when the episode has tool results, with one last call with
+    tools withdrawn, asked to answer from them."""
+
+    answer: bool = True
 
 
 class ConsecutiveErrors(msgspec.Struct, frozen=True):
@@ -44,34 +52,44 @@ class ConsecutiveErrors(msgspec.Struct, frozen=True):
 
 class LoopDetection(msgspec.Struct, frozen=True):
     """Flag a repeat (same call and answer, or the same reply text) `warnings` times (0 or
-    more), then halt."""
+    more), then halt; with `answer` (the default), when the episode has tool results, the
+    halt is one last call with tools withdrawn, asked to answer from them."""
 
     warnings: int = 1
+    answer: bool = True
 
 
 class SelfFeeding(msgspec.Struct, frozen=True):
     """Flag a chain of calls that feed a tool its own results (each call the previous one
     with that call's result put in; a square root of the last square root, say) once it
-    is longer than `max_links` (1 or more) links, `warnings` times (0 or more), then halt.
+    is longer than `max_links` (1 or more) links, `warnings` times (0 or more), then halt;
+    with `answer` (the default), the halt is one last call with tools withdrawn, asked to
+    answer from the results the episode has.
     """
 
     max_links: int = 2
     warnings: int = 1
+    answer: bool = True
 
 
 class TerminalTool(msgspec.Struct, frozen=True):
     """With `required`, re-prompt an answer that skips the terminal tool `max_reprompts` times
-    (0 or more), then halt."""
+    (0 or more), then halt; with `answer` (the default), when the episode has tool
+    results, the halt is one last call with tools withdrawn, asked to answer from them."""
 
     required: bool = False
     max_reprompts: int = 2
+    answer: bool = True
 
 
 class Budget(msgspec.Struct, frozen=True):
-    """Per-episode limits on tokens (1 or more) and wall-clock seconds (finite, more than 0)."""
+    """Per-episode limits on tokens (1 or more) and wall-clock seconds (finite, more than 0).
+    With `answer` (the default), a spent budget still allows one last call with tools
+    withdrawn, asked to answer from the episode's tool results, when it has any."""
 
     max_tokens: int | None = None
     max_seconds: float | None = None
+    answer: bool = True
 
 
 class SmallModel(msgspec.Struct, frozen=True):
@@ -136,6 +154,9 @@ def check_guards(config: GuardConfig, *, since: GuardConfig | None = None) -> No
                 f"guards.{name}: expected a {kind.__name__} or None, got {type(value).__name__}"
             )
         field = f"guards.{name}"
+        answer = getattr(value, "answer", False)
+        if not isinstance(answer, bool):
+            raise InputError(f"{field}.answer: expected true or false, got {answer!r:.80}")
         if isinstance(value, ConsecutiveErrors):
             check_count(f"{field}.threshold", value.threshold, 1)
         elif isinstance(value, LoopDetection):

@@ -2,6 +2,8 @@
 
 from turnkeeper.events._codec import decode_envelope, decode_envelopes, encode_envelope
 from turnkeeper.events._events import (
+    AnsweredAfterStop,
+    AnswerRequested,
     AnyEvent,
     Cancelled,
     ChatFailed,
@@ -27,6 +29,8 @@ from turnkeeper.events._events import (
 )
 
 __all__ = [
+    "AnswerRequested",
+    "AnsweredAfterStop",
     "AnyEvent",
     "Cancelled",
     "ChatFailed",

@@ -183,6 +183,27 @@ class Halted(Event, frozen=True, tag="local.halted"):
     message: str
 
 
+class AnswerRequested(Event, frozen=True, tag="local.answer_requested"):
+    """A guard stopped an episode that has tool results (`guard` and `reason` as a halt
+    names them): instead of halting, the session makes one last model call with tools
+    withdrawn, `text` asking it to answer from those results. Calls of the last reply
+    still pending are answered as not run. `message` is the halt's, told to the user if
+    that call gives no answer."""
+
+    guard: str
+    reason: str
+    message: str
+    text: str
+
+
+class AnsweredAfterStop(Event, frozen=True, tag="local.answered_after_stop"):
+    """The reply to the call an `local.answer_requested` asked for is the episode's
+    answer: it ends `end_turn`. `guard` and `reason` name the stop that led to it."""
+
+    guard: str
+    reason: str
+
+
 class TerminalToolCalled(Event, frozen=True, tag="local.terminal"):
     """The model called the terminal tool; its arguments are the run's result."""
 
@@ -219,6 +240,8 @@ AnyEvent = (
     | ToolReturned
     | McpFailed
     | Halted
+    | AnswerRequested
+    | AnsweredAfterStop
     | TerminalToolCalled
     | Cancelled
     | Failed

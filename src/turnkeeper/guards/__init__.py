@@ -13,6 +13,13 @@ from turnkeeper.core import (
     SmallModel,
     TerminalTool,
 )
+from turnkeeper.guards._answer import (
+    answer_messages,
+    answer_request,
+    answers_after,
+    episode_results,
+    grounded,
+)
 from turnkeeper.guards._builtin import (
     budget,
     consecutive_errors,
@@ -77,13 +84,18 @@ __all__ = [
     "SmallModel",
     "TerminalTool",
     "Verdict",
+    "answer_messages",
+    "answer_request",
+    "answers_after",
     "budget",
     "compose",
     "consecutive_errors",
     "correct_reply",
     "default_guards",
     "duplicate_calls",
+    "episode_results",
     "final_turn",
+    "grounded",
     "loop_detection",
     "max_turns",
     "repair",

@@ -16,6 +16,7 @@ from turnkeeper.core import (
     reply_problem,
     validate,
 )
+from turnkeeper.guards._answer import answers_after
 from turnkeeper.guards._view import (
     CONTINUE,
     Directive,
@@ -38,10 +39,16 @@ def with_last_result(state: SessionState, lead: str) -> str:
 
 @acts_in("before_call")
 def max_turns(view: GuardView) -> Verdict:
-    """Halt before a model call the episode's `max_turns` does not allow."""
+    """Halt before a model call the episode's `max_turns` does not allow. With its `answer`
+    setting, an episode with tool results stops one poll earlier: the last allowed poll is
+    its answer after the stop, made with tools withdrawn."""
     state = view.state
     if view.phase != "before_call" or state.guards.max_turns is None:
         return CONTINUE
+    if state.polls + 1 == state.max_turns:
+        lead = f"I stopped after {state.max_turns} model calls without finishing."
+        halt = Halt("max_turns", "max_turns_exceeded", with_last_result(state, lead))
+        return Verdict(halt=halt) if answers_after(state, halt) else CONTINUE
     if state.polls < state.max_turns:
         return CONTINUE
     lead = f"I stopped after {state.polls} model calls without finishing."
@@ -174,7 +181,8 @@ def consecutive_errors(view: GuardView) -> Verdict:
 @acts_in("before_call")
 def loop_detection(view: GuardView) -> Verdict:
     """Flag a new repeat (same call and same answer, or the same reply text) to the model
-    `warnings` times; halt at the next repeat after that."""
+    `warnings` times; halt at the next repeat after that. A stop that becomes an answer
+    after it (see `answers_after`) is not warned of first, unless the repeat is a reply."""
     state = view.state
     config = state.guards.loop
     if view.phase != "before_call" or config is None:
@@ -182,14 +190,20 @@ def loop_detection(view: GuardView) -> Verdict:
     if state.repeats <= state.warned_repeats:
         return CONTINUE
     what = state.last_repeat or "a call"
-    if state.warnings < config.warnings:
+    lead = f"I stopped because I was going in circles: {what} kept giving the same answer."
+    halt = Halt("loop", "going_in_circles", with_last_result(state, lead))
+    # A warning asks the model to use the answers it has or finish; when the stop becomes
+    # an answer from those results with tools withdrawn, that is what happens, a call
+    # sooner. A repeated reply (the fold's `last_repeat` for it) is still warned of: it may
+    # be a bad reply the repair guard sends back.
+    repeated_call = state.last_repeat != "the same reply as before"
+    if state.warnings < config.warnings and not (repeated_call and answers_after(state, halt)):
         text = (
             f"You are going in circles: {what} gave the same answer as before. Do not repeat "
             "it. Use the answers you already have, try something different, or finish."
         )
         return Verdict(directives=(Directive("loop", text, counts="warning"),))
-    lead = f"I stopped because I was going in circles: {what} kept giving the same answer."
-    return Verdict(halt=Halt("loop", "going_in_circles", with_last_result(state, lead)))
+    return Verdict(halt=halt)
 
 
 @acts_in("after_response")

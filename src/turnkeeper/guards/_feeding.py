@@ -27,6 +27,7 @@ from turnkeeper.core import (
     text_of,
     tool_uses_of,
 )
+from turnkeeper.guards._answer import answers_after
 from turnkeeper.guards._view import CONTINUE, Directive, GuardView, Halt, Verdict, acts_in
 
 _NUMBER = re.compile(r"(-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)")
@@ -72,18 +73,20 @@ def self_feeding(view: GuardView) -> Verdict:
     if root is None or links <= config.max_links:
         return CONTINUE
     name, first = root
-    if links <= config.max_links + config.warnings:
+    lead = (
+        f"I stopped because I kept feeding `{name}` its own results, which got no closer "
+        "to an answer. Above is what the first call of that chain gave."
+    )
+    halt = Halt("self_feeding", "feeding_on_results", f"{gist(first)}\n\n{lead}")
+    # As for loop detection: a stop that becomes an answer needs no warning first.
+    if links <= config.max_links + config.warnings and not answers_after(state, halt):
         text = (
             f"You are feeding `{name}` its own results: each call takes the last call's "
             "answer, which gets no closer to the request. Stop doing that: answer with "
             "what you already have, or call a tool with the request's own values."
         )
         return Verdict(directives=(Directive("self_feeding", text),))
-    lead = (
-        f"I stopped because I kept feeding `{name}` its own results, which got no closer "
-        "to an answer. Above is what the first call of that chain gave."
-    )
-    return Verdict(halt=Halt("self_feeding", "feeding_on_results", f"{gist(first)}\n\n{lead}"))
+    return Verdict(halt=halt)
 
 
 def _step_before(history: tuple[Message, ...], reply: int) -> tuple[int, dict[str, str]] | None:

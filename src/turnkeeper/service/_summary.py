@@ -16,6 +16,8 @@ import msgspec
 
 from turnkeeper.core import InputError, Usage, decode_tool_uses, gist
 from turnkeeper.events import (
+    AnsweredAfterStop,
+    AnswerRequested,
     Cancelled,
     ChatFailed,
     DirectiveInjected,
@@ -238,6 +240,13 @@ class Tracker:
         self.pending, self.in_poll = (), False
         self.state, self.stop_reason = "halted", event.reason
 
+    def _answer_requested(self, event: AnswerRequested) -> None:
+        self._begin_step()
+
+    def _answered(self, event: AnsweredAfterStop) -> None:
+        self.pending, self.in_poll = (), False
+        self.state, self.stop_reason = "idle", "end_turn"
+
     def _terminal(self, event: TerminalToolCalled) -> None:
         self.pending, self.in_poll = (), False
         self.state, self.stop_reason = "idle", "terminal_tool"
@@ -262,6 +271,8 @@ _RULES: dict[type, Callable[[Tracker, Any], None]] = {
     ToolReturned: Tracker._returned,
     ToolCalled: Tracker._called,
     Halted: Tracker._halted,
+    AnswerRequested: Tracker._answer_requested,
+    AnsweredAfterStop: Tracker._answered,
     TerminalToolCalled: Tracker._terminal,
     Cancelled: Tracker._cancelled,
     Failed: Tracker._failed,

@@ -9,6 +9,8 @@ import msgspec
 
 from turnkeeper.core import ToolUse, Usage, text_of, tool_uses_of
 from turnkeeper.events import (
+    AnsweredAfterStop,
+    AnswerRequested,
     DirectiveInjected,
     DuplicateToolCall,
     Envelope,
@@ -28,7 +30,9 @@ class TurnResult(msgspec.Struct, frozen=True):
     answered (`stop_reason` "end_turn") or called the terminal tool ("terminal_tool",
     with its arguments in `result`). terminated: a guard halted the episode or the
     model stopped for another reason (`stop_reason` says which). `problems` lists tool
-    calls whose arguments were not a JSON object (their input is `{}`).
+    calls whose arguments were not a JSON object (their input is `{}`). `answered_after`
+    names the stop a guard turned into this answer, as `guard (reason)`; a poll that
+    asks for such an answer is `requires_action` with no tool uses (resume to make it).
     """
 
     terminal: Terminal
@@ -39,6 +43,7 @@ class TurnResult(msgspec.Struct, frozen=True):
     events: tuple[Envelope, ...]
     result: dict[str, Any] | None = None
     problems: tuple[str, ...] = ()
+    answered_after: str | None = None
 
 
 def normalize(events: Sequence[Envelope]) -> TurnResult:
@@ -49,10 +54,12 @@ def normalize(events: Sequence[Envelope]) -> TurnResult:
     finished: TerminalToolCalled | None = None
     directed_after = False
     replaced: str | None = None
+    asked = False
+    answered: AnsweredAfterStop | None = None
     for envelope in events:
         event = envelope.event
         if isinstance(event, ModelResponded):
-            response = event
+            response, asked = event, False
         elif isinstance(event, DuplicateToolCall):
             duplicates.add(event.tool_call_id)
         elif isinstance(event, Halted):
@@ -63,10 +70,20 @@ def normalize(events: Sequence[Envelope]) -> TurnResult:
             directed_after = True
         elif isinstance(event, ReplyReplaced):
             replaced = event.text
+        elif isinstance(event, AnswerRequested):
+            asked = True
+        elif isinstance(event, AnsweredAfterStop):
+            answered = event
     frozen = tuple(events)
     usage = response.usage if response is not None else Usage()
     if halted is not None:
         return TurnResult("terminated", halted.reason, halted.message, (), usage, frozen)
+    if asked:
+        return TurnResult("requires_action", "tool_use", None, (), usage, frozen)
+    if answered is not None and response is not None:
+        after = f"{answered.guard} ({answered.reason})"
+        text = text_of(response.message)
+        return TurnResult("end_turn", "end_turn", text, (), usage, frozen, answered_after=after)
     if response is None:
         return TurnResult("terminated", "no_response", None, (), usage, frozen)
     text = text_of(response.message)

@@ -21,12 +21,15 @@ from turnkeeper.core import (
     ToolSpec,
     ToolUse,
     Usage,
+    degenerate,
     is_unreadable,
     nests_deeper,
     text_of,
     tool_uses_of,
 )
 from turnkeeper.events import (
+    AnsweredAfterStop,
+    AnswerRequested,
     AnyEvent,
     ChatFailed,
     DirectiveInjected,
@@ -39,7 +42,18 @@ from turnkeeper.events import (
     SessionOpened,
     TerminalToolCalled,
 )
-from turnkeeper.guards import Guard, GuardView, Reply, default_guards, window
+from turnkeeper.guards import (
+    Guard,
+    GuardView,
+    Halt,
+    Reply,
+    answer_messages,
+    answer_request,
+    answers_after,
+    default_guards,
+    grounded,
+    window,
+)
 from turnkeeper.sessions._inputs import Input, Kickoff, Resume, UserMessage
 from turnkeeper.sessions._plain import is_plain_json
 from turnkeeper.state import SessionState, apply_event, results_received
@@ -82,7 +96,14 @@ def begin_poll(
     state: SessionState, input: Input, *, now: float, guard: Guard = default_guards
 ) -> tuple[list[Envelope], SessionState, dict[str, Any] | None]:
     """Apply the input and the before-call guards. Returns the events, the state, and the
-    request to send to the model, or None when a guard halted the episode."""
+    request to send to the model, or None when a guard halted the episode.
+
+    A halt that qualifies (see `answers_after`) is logged as `local.answer_requested`
+    instead: the request is then the last call, with tools withdrawn. A state whose
+    answer call is due (`answering`, in a poll) is finished by `Resume()`: no input, no
+    guards, only that call's request."""
+    if state.answering is not None and state.in_poll and _is_empty_resume(input):
+        return [], state, build_request(state)
     log = _Log(state)
     if state.seq == 0:
         log.push(opened_event(state), now)
@@ -105,8 +126,8 @@ def begin_poll(
         raise InputError(f"input: expected Kickoff, UserMessage or Resume, got {input!r:.80}")
     verdict = guard(GuardView("before_call", log.state, now, results=results))
     if verdict.halt is not None:
-        halt = verdict.halt
-        log.push(Halted(guard=halt.guard, reason=halt.reason, message=halt.message), now)
+        if _push_stop(log, verdict.halt, now):
+            return log.events, log.state, build_request(log.state)
         return log.events, log.state, None
     for directive in verdict.directives:
         log.push(
@@ -114,6 +135,20 @@ def begin_poll(
             now,
         )
     return log.events, log.state, build_request(log.state)
+
+
+def _is_empty_resume(input: Input) -> bool:
+    return isinstance(input, Resume) and not input.results and not input.tool_uses
+
+
+def _push_stop(log: _Log, halt: Halt, now: float) -> bool:
+    """Log the stop `halt`: as a request for one last answer when it qualifies (True), else
+    as `local.halted` (False)."""
+    if answers_after(log.state, halt):
+        log.push(answer_request(log.state, halt), now)
+        return True
+    log.push(Halted(guard=halt.guard, reason=halt.reason, message=halt.message), now)
+    return False
 
 
 def _match_results(state: SessionState, resume: Resume) -> tuple[tuple[ToolUse, ToolResult], ...]:
@@ -202,12 +237,16 @@ def _openai_tools(tools: tuple[ToolSpec, ...]) -> list[dict[str, Any]]:
 def build_request(state: SessionState) -> dict[str, Any]:
     """The chat request for the state's history. Backends must not mutate it."""
     spec = state.spec
-    messages = window(state.history, state) if state.guards.small_model else list(state.history)
+    history = state.history if state.answering is None else answer_messages(state, state.history)
+    messages = window(history, state) if state.guards.small_model else list(history)
     request: dict[str, Any] = {
         "model": spec.model,
         "messages": messages,
         "tools": _openai_tools(spec.tools),
     }
+    if state.answering is not None:
+        # The answer after a stop: tools withdrawn.
+        request["tool_choice"] = "none"
     request.update(spec.sampling())
     return request
 
@@ -221,9 +260,18 @@ def end_poll(
     reported: Iterable[AnyEvent] = (),
 ) -> tuple[list[Envelope], SessionState]:
     """Apply the model's response and the after-response guards. Raises ChatError
-    ("malformed response: ...") when the response is not chat-completions shaped."""
+    ("malformed response: ...") when the response is not chat-completions shaped.
+
+    The reply to an answer after a stop (`state.answering`) meets no guard: with text it
+    is the episode's answer (`local.answered_after_stop`); without text, with one phrase
+    repeated, or holding none of the episode's results (see `grounded`), the episode
+    halts as the stop would have."""
     response, logged = _as_logged(response)
     message, finish_reason, usage = check_response(response, call_prefix=f"call_{state.seq + 1}")
+    if state.answering is not None:
+        return _end_answer(
+            state, state.answering, logged, message, finish_reason, usage, now, reported
+        )
     reply = Reply(
         message,
         text_of(message),
@@ -251,8 +299,7 @@ def end_poll(
             now,
         )
     if verdict.halt is not None:
-        halt = verdict.halt
-        log.push(Halted(guard=halt.guard, reason=halt.reason, message=halt.message), now)
+        _push_stop(log, verdict.halt, now)
     elif verdict.finish is not None:
         use = verdict.finish
         log.push(TerminalToolCalled(tool_call_id=use.id, name=use.name, result=use.input), now)
@@ -268,6 +315,41 @@ def end_poll(
         replacement = verdict.replacement
         log.push(ReplyReplaced(guard=replacement.guard, text=replacement.text), now)
     return log.events, log.state
+
+
+def _end_answer(
+    state: SessionState,
+    stop: AnswerRequested,
+    logged: msgspec.Raw,
+    message: Message,
+    finish_reason: str | None,
+    usage: Usage,
+    now: float,
+    reported: Iterable[AnyEvent],
+) -> tuple[list[Envelope], SessionState]:
+    """The events of the reply to an answer after `stop`, and the state they lead to."""
+    log = _Log(state)
+    for event in reported:
+        log.push(event, now)
+    log.push(
+        ModelResponded(response=logged, message=message, finish_reason=finish_reason, usage=usage),
+        now,
+    )
+    text = text_of(message)
+    if text and text.strip() and not degenerate(text) and grounded(state, text):
+        log.push(AnsweredAfterStop(guard=stop.guard, reason=stop.reason), now)
+    else:
+        log.push(Halted(guard=stop.guard, reason=stop.reason, message=stop.message), now)
+    return log.events, log.state
+
+
+def unanswered(state: SessionState) -> Halted | None:
+    """The halt an episode ends with when the model call of its answer after a stop
+    fails for good: the stop's own, with its gist; None when no such call is due."""
+    stop = state.answering
+    if stop is None:
+        return None
+    return Halted(guard=stop.guard, reason=stop.reason, message=stop.message)
 
 
 def _as_logged(response: object) -> tuple[dict[str, Any], msgspec.Raw]:

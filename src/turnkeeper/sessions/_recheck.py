@@ -13,6 +13,8 @@ import msgspec
 
 from turnkeeper.core import ChatError, GuardConfig, InputError, ReplayError, check_guards
 from turnkeeper.events import (
+    AnsweredAfterStop,
+    AnswerRequested,
     AnyEvent,
     ChatFailed,
     ChatRetried,
@@ -93,22 +95,25 @@ def recheck(
         if divergence is not None:
             return divergence
         index, state = end, begun
-        if request is None:
-            continue
-        # What may be logged while the model call is in flight: retries, failures (a Host
-        # makes the call again), and messages queued for later.
-        while index < len(events) and isinstance(
-            events[index].event, ChatRetried | ChatFailed | MessageQueued
-        ):
-            state = apply_event(state, events[index])
-            index += 1
-        if index == len(events) or not isinstance(events[index].event, ModelResponded):
-            continue
-        after, ended = _end(state, events[index], guard)
-        end, divergence = _compare(events, index, after, poll, guard)
-        if divergence is not None:
-            return divergence
-        index, state = end, ended
+        # The poll's model call, then, when a guard turned a stop after its response into
+        # an answer after the stop, that answer's call.
+        calling = request is not None
+        while calling:
+            # What may be logged while the model call is in flight: retries, failures (a
+            # Host makes the call again), and messages queued for later.
+            while index < len(events) and isinstance(
+                events[index].event, ChatRetried | ChatFailed | MessageQueued
+            ):
+                state = apply_event(state, events[index])
+                index += 1
+            if index == len(events) or not isinstance(events[index].event, ModelResponded):
+                break
+            after, ended = _end(state, events[index], guard)
+            end, divergence = _compare(events, index, after, poll, guard)
+            if divergence is not None:
+                return divergence
+            index, state = end, ended
+            calling = state.answering is not None and state.in_poll
     return None
 
 
@@ -148,7 +153,13 @@ def _by_guards(event: AnyEvent) -> bool:
     if isinstance(event, Halted):
         return event.guard not in RUNNER_HALTS
     return isinstance(
-        event, DirectiveInjected | DuplicateToolCall | ReplyReplaced | TerminalToolCalled
+        event,
+        DirectiveInjected
+        | DuplicateToolCall
+        | ReplyReplaced
+        | TerminalToolCalled
+        | AnswerRequested
+        | AnsweredAfterStop,
     )
 
 
@@ -203,6 +214,10 @@ def _describe(events: Sequence[AnyEvent]) -> str:
             done.append(f"finish with {event.name}")
         elif isinstance(event, ReplyReplaced):
             done.append(f"replace the model's reply ({event.guard})")
+        elif isinstance(event, AnswerRequested):
+            done.append(f"ask for an answer without tools after {event.guard} ({event.reason})")
+        elif isinstance(event, AnsweredAfterStop):
+            done.append("take the reply as the answer")
     if done:
         return ", then ".join(done)
     if events and isinstance(events[0], ModelResponded):

@@ -37,7 +37,7 @@ from turnkeeper.sessions._driver import answer, call_model
 from turnkeeper.sessions._inputs import Input, Kickoff, Resume
 from turnkeeper.sessions._normalize import Terminal, TurnResult, normalize
 from turnkeeper.sessions._open import open_session
-from turnkeeper.sessions._poll import begin_poll, emit, opened_event
+from turnkeeper.sessions._poll import begin_poll, emit, opened_event, unanswered
 from turnkeeper.sessions._step_timeout import STEP_TIMEOUT, check_step_timeout, timed_chat
 from turnkeeper.sessions._tool_runner import ToolRunner
 from turnkeeper.state import SessionState
@@ -260,7 +260,8 @@ async def run(
                         lead = f"The model failed: {answered.failure.message}"
                         message = with_last_result(runner.state, lead)
                         await runner.emit(
-                            Halted(guard=RUNNER, reason="chat_error", message=message)
+                            unanswered(runner.state)
+                            or Halted(guard=RUNNER, reason="chat_error", message=message)
                         )
                         turn = None
                         break

@@ -34,6 +34,8 @@ from turnkeeper.core import (
     tool_uses_of,
 )
 from turnkeeper.events import (
+    AnsweredAfterStop,
+    AnswerRequested,
     Cancelled,
     DirectiveInjected,
     DuplicateToolCall,
@@ -66,7 +68,8 @@ class SessionState(msgspec.Struct, frozen=True, gc=False):
     in that window (after a crash) makes that model call again. `reply_calls`,
     `last_unreadable` and `last_flawed` describe the model's last reply in the episode
     (for the repair guard); `last_failure` is the error of the episode's last tool step
-    when its last result was an error.
+    when its last result was an error. `answering` is the stop a guard turned into one
+    last model call with tools withdrawn, until its reply ends the episode.
     `queued` holds the messages accepted while the session was busy, oldest first.
 
     Not tracked by the cycle collector (`gc=False`): it holds only data, which cannot
@@ -105,6 +108,7 @@ class SessionState(msgspec.Struct, frozen=True, gc=False):
     last_flawed: bool = False
     last_failure: str | None = None
     reply_calls: tuple[ToolUse, ...] = ()
+    answering: AnswerRequested | None = None
     queued: tuple[str, ...] = ()
     stop_reason: str | None = None
     result: dict[str, Any] | None = None
@@ -332,6 +336,7 @@ def _apply_message(state: SessionState, event: Any, envelope: Envelope) -> Sessi
         last_flawed=False,
         last_failure=None,
         reply_calls=(),
+        answering=None,
         status="running",
         in_poll=True,
         polls=0,
@@ -373,6 +378,40 @@ def _apply_halt(state: SessionState, event: Any, envelope: Envelope) -> SessionS
         in_poll=False,
         halt_message=event.message,
         stop_reason=event.reason,
+        answering=None,
+    )
+
+
+def _apply_answer_requested(state: SessionState, event: Any, envelope: Envelope) -> SessionState:
+    history = _closed(state, f"not run: {event.reason}")
+    return _replace(
+        state,
+        seq=envelope.seq,
+        history=(*history, {"role": "user", "content": event.text}),
+        deferred=(),
+        returned=(),
+        pending=(),
+        reply_calls=(),
+        status="running",
+        in_poll=True,
+        stop_reason=None,
+        answering=event,
+    )
+
+
+def _apply_answered(state: SessionState, event: Any, envelope: Envelope) -> SessionState:
+    return _replace(
+        state,
+        seq=envelope.seq,
+        history=_closed(state, "not run: tools were withdrawn"),
+        deferred=(),
+        returned=(),
+        pending=(),
+        reply_calls=(),
+        status="idle",
+        in_poll=False,
+        stop_reason="end_turn",
+        answering=None,
     )
 
 
@@ -638,6 +677,8 @@ _RULES: dict[type, _Rule] = {
     MessageReceived: _apply_message,
     MessageQueued: _apply_queued,
     Halted: _apply_halt,
+    AnswerRequested: _apply_answer_requested,
+    AnsweredAfterStop: _apply_answered,
     TerminalToolCalled: _apply_terminal,
     Cancelled: _apply_cancel,
     ToolReturned: _apply_returned,

@@ -15,6 +15,8 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from turnkeeper.core import ChatError, ToolResult, ToolSpec, ToolUse, decode_arguments, text_of
 from turnkeeper.events import (
+    AnsweredAfterStop,
+    AnswerRequested,
     ChatRetried,
     DirectiveInjected,
     DuplicateToolCall,
@@ -243,6 +245,14 @@ def _span_event(envelope: Envelope, capture_content: bool) -> tuple[str | None, 
         if capture_content:
             attributes["turnkeeper.halt.message"] = event.message
         return "turnkeeper.guard.halt", attributes
+    if isinstance(event, AnswerRequested | AnsweredAfterStop):
+        attributes["turnkeeper.guard"] = event.guard
+        attributes["turnkeeper.halt.reason"] = event.reason
+        if isinstance(event, AnsweredAfterStop):
+            return "turnkeeper.guard.answered_after_stop", attributes
+        if capture_content:
+            attributes["turnkeeper.directive.text"] = event.text
+        return "turnkeeper.guard.answer_requested", attributes
     if isinstance(event, DuplicateToolCall):
         attributes["gen_ai.tool.name"] = event.name
         attributes["gen_ai.tool.call.id"] = event.tool_call_id

@@ -4,8 +4,9 @@ random moments (the seed is printed), then started again on the same log, until 
 sessions have finished. Then: nothing acknowledged is lost (every create, message and
 tool result the driver heard back about is in the log), no session's seqs have a gap,
 every tool call is answered, every session is finished, and every step call answered
-really ran. How many calls ran more than once is printed, not asserted: tools run at
-least once across crashes."""
+really ran. Tools run at least once across crashes: how many calls ran more than once is
+printed; that each run after the first had a `local.tool_call` of its own, marked
+`local.tool_may_have_run` as one that may have run (`check_log`), is asserted."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ import pytest
 
 from tests.faults.worker import answer_for
 from tests.sessions.host_worker import check_log
-from turnkeeper.events import MessageQueued, MessageReceived, ToolReturned
+from turnkeeper.events import MessageQueued, MessageReceived, ToolCalled, ToolReturned
 from turnkeeper.logs import EventLog, JsonlLog, SqliteLog
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -180,10 +181,19 @@ def test_kill_9_at_random_moments_loses_nothing_acknowledged(tmp_path: Path, bac
     assert sorted(sessions) == sorted({command["id"] for command in commands})
     # No gaps, every call answered, every session finished with the right answer.
     ran = Counter(runs.read_text().splitlines())
+    runs_of: dict[str, Counter[str]] = {}
+    for key, count in ran.items():
+        owner, _, call_id = key.partition(" ")
+        runs_of.setdefault(owner, Counter())[call_id] = count
     steps = 0
     for session_id, events in sessions.items():
         state = check_log(events)
         assert (state.status, state.pending, state.queued) == ("idle", (), ()), session_id
+        # A handler runs only after its `local.tool_call`, each after the first of an
+        # episode marked (`check_log`): every re-execution was preceded by a mark.
+        logged = Counter(e.event.tool_call_id for e in events if isinstance(e.event, ToolCalled))
+        for call_id, count in runs_of.get(session_id, {}).items():
+            assert count <= logged[call_id], (session_id, call_id)
         last_user = [m for m in state.history if m["role"] == "user"][-1]["content"]
         assert state.history[-1]["content"] == answer_for(last_user), session_id
         for message in state.history:

@@ -21,7 +21,7 @@ import anyio
 import msgspec
 
 from turnkeeper.core import AgentSpec, ToolSpec
-from turnkeeper.events import Envelope, ToolCalled
+from turnkeeper.events import Envelope, ModelResponded, ToolCalled, ToolMayHaveRun, ToolReturned
 from turnkeeper.logs import SqliteLog
 from turnkeeper.providers import text_response, tool_response
 from turnkeeper.sessions import Host, SessionInfo
@@ -123,15 +123,24 @@ def check_answered(history: Sequence[dict[str, Any]], pending: Sequence[str] = (
     assert open_calls - answered == set(pending), f"unanswered at the end: {open_calls - answered}"
 
 
-_once_only = {"local.tool_call", "local.chat_error", "local.chat_retry", "local.directive"}
+_once_only = {
+    "local.tool_call",
+    "local.tool_may_have_run",
+    "local.chat_error",
+    "local.chat_retry",
+    "local.directive",
+}
 
 
 def check_log(events: Sequence[Envelope]) -> SessionState:
     """Check one session's log and return its replayed state: seqs 1, 2, 3... with no gap,
     no event logged twice within a request episode (a re-run tool call excepted), every
     tool call in the replayed history answered exactly once, every logged tool call with
-    one result in history (or still pending, in a session that is parked or failed)."""
+    one result in history (or still pending, in a session that is parked or failed), and
+    every call logged again with no result since it was logged marked just before as one
+    that may have run (see `check_marks`)."""
     assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    check_marks(events)
     seen: set[bytes] = set()
     for envelope in events:
         if envelope.type == "local.user_message":
@@ -150,6 +159,32 @@ def check_log(events: Sequence[Envelope]) -> SessionState:
             call_id = envelope.event.tool_call_id
             assert call_id in tool_messages + pending, f"logged tool call {call_id} has no answer"
     return state
+
+
+def check_marks(events: Sequence[Envelope]) -> None:
+    """A `local.tool_call` of a call already logged since the model's reply, with no result
+    yet, comes just after its `local.tool_may_have_run`; every mark comes just before its
+    call, which was logged before: a call runs again only marked, and marked only then."""
+    called: set[str] = set()
+    for index, envelope in enumerate(events):
+        event = envelope.event
+        if isinstance(event, ModelResponded):
+            called = set()
+        elif isinstance(event, ToolReturned):
+            called.discard(event.tool_call_id)
+        elif isinstance(event, ToolMayHaveRun):
+            after = events[index + 1].event if index + 1 < len(events) else None
+            assert isinstance(after, ToolCalled), f"seq {envelope.seq}: a mark with no call"
+            assert after.tool_call_id == event.tool_call_id, f"seq {envelope.seq}"
+            assert event.tool_call_id in called, f"seq {envelope.seq}: a call not logged marked"
+        elif isinstance(event, ToolCalled):
+            before = events[index - 1].event if index else None
+            marked = (
+                isinstance(before, ToolMayHaveRun) and before.tool_call_id == event.tool_call_id
+            )
+            if event.tool_call_id in called:
+                assert marked, f"seq {envelope.seq}: {event.tool_call_id} run again unmarked"
+            called.add(event.tool_call_id)
 
 
 async def host_sessions(path: Path, count: int) -> None:

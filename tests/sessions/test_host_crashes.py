@@ -34,7 +34,7 @@ from tests.sessions.host_worker import (
 )
 from tests.tools.test_handlers import cancelled_elsewhere
 from turnkeeper.core import ChatError, InputError, LogCorrupt, ToolResult
-from turnkeeper.events import Envelope, Failed, ToolCalled, ToolReturned
+from turnkeeper.events import Envelope, Failed, ToolCalled, ToolMayHaveRun, ToolReturned
 from turnkeeper.logs import EventLog, JsonlLog, MemoryLog, SqliteLog
 from turnkeeper.sessions import Host, HostStopped, SessionUnreadable
 from turnkeeper.state import replay
@@ -222,7 +222,10 @@ async def test_a_crash_while_logging_resumes_from_what_the_log_holds(
     events = await log.read(session_id)
     calls = Counter(e.event.tool_call_id for e in events if isinstance(e.event, ToolCalled))
     assert dict(calls) == logged_calls
-    skip = ("local.tool_call",)
+    # Each call logged again is marked, once, as one that may have run.
+    marks = Counter(e.event.tool_call_id for e in events if isinstance(e.event, ToolMayHaveRun))
+    assert dict(marks) == {call_id: n - 1 for call_id, n in logged_calls.items() if n > 1}
+    skip = ("local.tool_call", "local.tool_may_have_run")
     assert payloads(events, skip=skip) == payloads(await clean_run(2), skip=skip)
 
 
@@ -251,7 +254,7 @@ async def test_any_crashes_leave_the_log_equal_to_a_clean_run(
         assert (info.status, info.text) == ("idle", answer_for(steps))
         await check_host(host, log)
     events = await log.read(session_id)
-    skip = ("local.tool_call",)
+    skip = ("local.tool_call", "local.tool_may_have_run")
     assert payloads(events, skip=skip) == payloads(await clean_run(steps), skip=skip)
     logged_calls = Counter(e.event.tool_call_id for e in events if isinstance(e.event, ToolCalled))
     # At least once, and never run without a logged call first.
@@ -292,6 +295,9 @@ async def test_a_crash_loop_fails_one_session_while_100_siblings_finish() -> Non
     assert replay(await log.read(doomed)).status == "failed"
 
 
+CRASHED = "OSError: cannot append local.tool_call, local.tool_may_have_run"
+
+
 async def test_a_crash_loop_while_running_tools_records_the_real_error() -> None:
     # Step-1's result fails, then its call, run again, twice: three crashes.
     log = FlakyLog({RESULT_1: "before", CALL_2: "before", ("local.tool_call", 3): "before"})
@@ -301,11 +307,11 @@ async def test_a_crash_loop_while_running_tools_records_the_real_error() -> None
         session_id = await host.start(SPEC, prompt_for(2))
         info = await settle(host, session_id)
         # Not "ExceptionGroup: ...": the error inside the tools' task group is named.
-        assert (info.status, info.error) == ("failed", "OSError: cannot append local.tool_call")
+        assert (info.status, info.error) == ("failed", CRASHED)
         await check_host(host, log)
     events = await log.read(session_id)
     assert [e.type for e in events][-2:] == ["local.tool_call", "local.failed"]
-    assert events[-1].event == Failed(error="OSError: cannot append local.tool_call")
+    assert events[-1].event == Failed(error=CRASHED)
 
 
 async def test_a_stray_cancellation_fails_one_call_and_touches_no_sibling() -> None:
@@ -605,9 +611,11 @@ async def test_a_new_host_finishes_what_a_hard_stopped_one_left(tmp_path: Path, 
         assert recorder.calls[name] == sum(e.type == "local.model_response" for e in new)
     assert after["done"] == before["done"]
     assert recorder.calls["mid-poll"] == 3
-    # The tool call logged without a result ran again, under its id.
+    # The tool call logged without a result ran again, under its id, marked first.
     assert recorder.runs.count(("mid-tool", "step-2")) == 1
-    assert after["mid-tool"][len(before["mid-tool"])].type == "local.tool_call"
+    again = [e.event for e in after["mid-tool"][len(before["mid-tool"]) :]]
+    assert again[:2] == [ToolMayHaveRun("step-2", stuck_call.name), stuck_call]
+    assert sum(isinstance(event, ToolMayHaveRun) for event in again) == 1
     assert ("mid-tool", "step-1") not in recorder.runs
 
 
@@ -731,3 +739,97 @@ async def test_recovery_reads_session_by_session_past_a_damaged_row(
             with pytest.raises(SessionUnreadable, match="session damaged cannot be rebuilt"):
                 await host.events("damaged")
             assert await host.statuses() == {"idle": 2, "unreadable": 1}
+
+
+class ResultRefusingSqlite(SqliteLog):
+    """A SqliteLog that refuses the first append holding a tool result (nothing logged),
+    as a disk error would: the session task crashes after its `local.tool_call` landed."""
+
+    refused = False
+
+    async def append(self, events: Sequence[Envelope], *, expected_seq: int) -> None:
+        if not self.refused and any(e.type == "local.tool_result" for e in events):
+            self.refused = True
+            raise OSError("disk full")
+        await super().append(events, expected_seq=expected_seq)
+
+
+def marks_of(events: Sequence[Envelope]) -> list[str]:
+    return [e.event.tool_call_id for e in events if isinstance(e.event, ToolMayHaveRun)]
+
+
+async def test_a_call_run_again_after_a_crash_is_marked_once_first(tmp_path: Path) -> None:
+    tools = CountingTools()
+    async with (
+        ResultRefusingSqlite(tmp_path / "events.db") as log,
+        Host(chat=stepper(), log=log, tools=tools, restart_backoff=0.001) as host,
+    ):
+        session_id = await host.start(SPEC, prompt_for(2))
+        info = await settle(host, session_id)
+        assert (info.status, info.text) == ("idle", answer_for(2))
+        assert host.counters["session_crashes"] == 1
+        await check_host(host, log)
+        events = await log.read(session_id)
+    assert dict(tools.runs) == {"step-1": 2, "step-2": 1}
+    # The mark comes just before step-1's second `local.tool_call`, and only there.
+    assert marks_of(events) == ["step-1"]
+    types = [e.type for e in events]
+    index = types.index("local.tool_may_have_run")
+    assert types[index - 1 : index + 3] == [
+        "local.tool_call",
+        "local.tool_may_have_run",
+        "local.tool_call",
+        "local.tool_result",
+    ]
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "jsonl"])
+async def test_a_host_reopened_on_a_call_with_no_result_marks_it_then_runs_it(
+    tmp_path: Path, kind: str
+) -> None:
+    path = tmp_path / ("events.db" if kind == "sqlite" else "events.jsonl")
+
+    def opened() -> EventLog:
+        return SqliteLog(path) if kind == "sqlite" else JsonlLog(path)
+
+    blocker = Blocker()
+    async with opened() as log:
+        with anyio.CancelScope() as hard_stop:
+            async with Host(chat=blocker.chat, log=log, tools=blocker.tools) as host:
+                await host.start(SPEC, prompt_for(3, "mid-tool"), session_id="mid-tool")
+                await blocker.tool_blocked.wait()
+                hard_stop.cancel()
+        before = await log.read("mid-tool")
+    assert [e.type for e in before][-1] == "local.tool_call"
+    # Step-1 was answered before the stop: only step-2 may have run.
+    assert marks_of(before) == []
+
+    tools = CountingTools()
+    async with opened() as log, Host(chat=stepper(), log=log, tools=tools) as host:
+        info = await settle(host, "mid-tool")
+        assert (info.status, info.text) == ("idle", answer_for(3))
+        await check_host(host, log)
+        after = await log.read("mid-tool")
+    assert dict(tools.runs) == {"step-2": 1, "step-3": 1}
+    stuck = before[-1].event
+    assert isinstance(stuck, ToolCalled)
+    new = [e.event for e in after[len(before) :]]
+    assert new[:2] == [ToolMayHaveRun(stuck.tool_call_id, stuck.name), stuck]
+    assert marks_of(after) == ["step-2"]
+
+
+async def test_calls_answered_from_outside_are_never_marked(tmp_path: Path) -> None:
+    path = tmp_path / "events.db"
+    async with SqliteLog(path) as log, Host(chat=stepper(), log=log) as host:
+        session_id = await host.start(SPEC, prompt_for(2))
+        assert (await settle(host, session_id)).status == "requires_action"
+    # A new host on the same log (no handler: the caller answers every call).
+    async with SqliteLog(path) as log, Host(chat=stepper(), log=log) as host:
+        for step in (1, 2):
+            assert (await settle(host, session_id)).pending[0].id == f"step-{step}"
+            await host.submit_tool_results(session_id, [ToolResult(f"step-{step}", "ok")])
+        assert (await settle(host, session_id)).status == "idle"
+        await check_host(host, log)
+        events = await log.read(session_id)
+    assert marks_of(events) == []
+    assert not any(isinstance(e.event, ToolCalled) for e in events)

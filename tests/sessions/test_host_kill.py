@@ -14,7 +14,7 @@ import anyio
 
 from tests.sessions import host_worker
 from tests.sessions.host_worker import answer_for, check_log, steps_for
-from turnkeeper.events import Envelope
+from turnkeeper.events import Envelope, ToolCalled, ToolMayHaveRun
 from turnkeeper.logs import SqliteLog
 
 SESSIONS = 50
@@ -86,9 +86,11 @@ def test_kill_9_mid_run_then_a_new_worker_finishes_every_session(tmp_path: Path)
         # Nothing logged before the kill was lost or changed.
         assert events[: len(before)] == before
         if before and before[-1].type == "local.tool_call":
-            # Logged, maybe run, never answered: the new worker ran it again.
-            assert events[len(before)].type == "local.tool_call"
-            assert events[len(before)].event == before[-1].event
+            # Logged, maybe run, never answered: the new worker ran it again, saying so.
+            called = before[-1].event
+            assert isinstance(called, ToolCalled)
+            assert events[len(before)].event == ToolMayHaveRun(called.tool_call_id, called.name)
+            assert events[len(before) + 1].event == called
             rerun_calls += 1
         if before and check_log(before).in_poll:
             # A model call was in flight: the new worker made it again.

@@ -458,7 +458,6 @@ def test_failed_marks_the_session_and_keeps_its_history() -> None:
     [
         ChatRetried(attempt=1, delay=0.5, error="HTTP 503", status=503),
         ChatFailed(error="HTTP 400", transient=False, status=400),
-        ToolCalled(tool_call_id="a", name="search", input={}),
     ],
     ids=lambda e: type(e).__name__,
 )
@@ -468,6 +467,21 @@ def test_informational_events_only_advance_the_seq(event: AnyEvent) -> None:
     log.push(responded(call("a", "search")))
     before = log.state
     assert log.push(event) == msgspec.structs.replace(before, seq=before.seq + 1)
+
+
+def test_a_tool_call_logged_is_remembered_until_the_next_reply() -> None:
+    log = Log()
+    log.push(MessageReceived(text="hi"))
+    log.push(responded(call("a", "search"), call("b", "search")))
+    before = log.state
+    state = log.push(ToolCalled(tool_call_id="a", name="search", input={}))
+    assert state == msgspec.structs.replace(before, seq=before.seq + 1, called=frozenset({"a"}))
+    # A call that is not pending is not remembered.
+    assert log.push(ToolCalled(tool_call_id="z", name="search", input={})).called == {"a"}
+    log.push(ToolReturned(tool_call_id="a", text="ok"))
+    log.push(ToolReturned(tool_call_id="b", text="ok"))
+    log.push(results(("a", "ok"), ("b", "ok")))
+    assert log.push(responded(call("a", "search"))).called == frozenset()
 
 
 def test_results_that_do_not_match_the_pending_calls_are_a_replay_error() -> None:
@@ -696,6 +710,8 @@ def round_trip(draw: st.DrawFn) -> list[AnyEvent]:
     events: list[AnyEvent] = [responded(*(call(*made) for made in calls), unreadable=draw(rare))]
     answers = [(call_id, draw(TEXTS), draw(rare)) for call_id in ids]
     for call_id, text, is_error in draw(st.permutations(answers)):
+        if draw(st.booleans()):
+            events.append(ToolCalled(tool_call_id=call_id, name="search", input={}))
         if draw(st.booleans()):
             events.append(ToolReturned(tool_call_id=call_id, text=text, is_error=is_error))
     if draw(rare):

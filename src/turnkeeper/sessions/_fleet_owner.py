@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Self
 
@@ -25,13 +25,7 @@ from turnkeeper.core import (
     TurnkeeperError,
     check_seconds,
 )
-from turnkeeper.events import (
-    AnyEvent,
-    Envelope,
-    ModelResponded,
-    ToolCalled,
-    ToolMayHaveRun,
-)
+from turnkeeper.events import Envelope
 from turnkeeper.logs import Claim, FenceLost, InboxItem, SeqConflict, SharedLog
 from turnkeeper.sessions._host import Host
 from turnkeeper.sessions._host_records import (
@@ -41,7 +35,7 @@ from turnkeeper.sessions._host_records import (
     _logged,
     _Session,
 )
-from turnkeeper.state import SessionState, fold
+from turnkeeper.state import fold
 
 _std_log = logging.getLogger("turnkeeper.fleet")
 _log = structlog.wrap_logger(
@@ -55,9 +49,6 @@ _log = structlog.wrap_logger(
     cache_logger_on_first_use=True,
 )
 
-# Events read back from a session's end to find the calls a takeover may run again: those
-# since its last model response, which are a few per call.
-_TAIL = 256
 # How often a worker whose lease is in doubt looks again.
 _LEASE_POLL = 0.05
 # Waits longer than this are made of waits this long (a log refuses an infinite one).
@@ -129,9 +120,6 @@ class FleetOwner(Host):
         # Sessions being taken up: none gets a task until `_adopt` has finished.
         self._adopting: set[str] = set()
         self._adopt_locks: dict[str, anyio.Lock] = {}
-        # Of each session taken over: the calls its last owner logged as about to run with
-        # no result logged, which may have run (`_announce` says so before they run again).
-        self._maybe_ran: dict[str, set[str]] = {}
         # Sessions owned whose record was forgotten when the database failed under them.
         self._aside: set[str] = set()
         self._loops = anyio.CancelScope()
@@ -203,8 +191,9 @@ class FleetOwner(Host):
         return True
 
     async def _adopt(self, claim: Claim) -> None:
-        """Take up a session claimed: its record caught up with the log, the calls it may
-        have run noted, and a task if it has work."""
+        """Take up a session claimed: its record caught up with the log, and a task if it
+        has work (which marks the calls its last owner may have run before running them
+        again, as every record rebuilt from the log does: `Host._announce`)."""
         session_id = claim.session_id
         lock = self._adopt_locks.setdefault(session_id, anyio.Lock())
         async with lock:
@@ -221,8 +210,7 @@ class FleetOwner(Host):
                 )
             self._adopting.add(session_id)
             try:
-                async with self._use(session_id) as session:
-                    self._maybe_ran[session_id] = await self._unanswered(session.state)
+                async with self._use(session_id):
                     self._fresh.add(session_id)
             except (UnknownSession, LogError, ReplayError) as exc:
                 # No events yet (only inbox items), or none that rebuild: consumed or
@@ -237,22 +225,6 @@ class FleetOwner(Host):
             if held is not None and self._status(held) == "running":
                 self._spawn(held)
 
-    async def _unanswered(self, state: SessionState) -> set[str]:
-        """The session's pending calls with a `local.tool_call` logged and no result."""
-        returned = {result.tool_use_id for result in state.returned}
-        waiting = {use.id for use in state.pending if use.id not in returned}
-        if not waiting:
-            return set()
-        tail = await self.log.read(state.session_id, after=max(0, state.seq - _TAIL))
-        called: set[str] = set()
-        for envelope in reversed(tail):
-            event = envelope.event
-            if isinstance(event, ModelResponded):
-                break
-            if isinstance(event, ToolCalled) and event.tool_call_id in waiting:
-                called.add(event.tool_call_id)
-        return called
-
     def _lose(self, session_id: str, lost: FenceLost) -> None:
         """Forget a session another worker took: its next use here reads it from the log."""
         _log.warning(
@@ -264,7 +236,6 @@ class FleetOwner(Host):
             worker=self.shared.worker_id,
         )
         self._fresh.discard(session_id)
-        self._maybe_ran.pop(session_id, None)
         session = self._sessions.get(session_id)
         if session is not None and session.running:
             # Its task ends by itself (its next write raises FenceLost too): the record
@@ -373,21 +344,6 @@ class FleetOwner(Host):
             raise FenceLost(
                 session_id, held=held, owner=None, epoch=claim.epoch if claim else (held or 0)
             )
-
-    def _announce(
-        self, session: _Session, state: SessionState, uses: Iterable[ToolUse]
-    ) -> list[AnyEvent]:
-        events = super()._announce(session, state, uses)
-        maybe = self._maybe_ran.get(state.session_id)
-        if not maybe:
-            return events
-        marked: list[AnyEvent] = []
-        for event in events:
-            if isinstance(event, ToolCalled) and event.tool_call_id in maybe:
-                maybe.discard(event.tool_call_id)
-                marked.append(ToolMayHaveRun(tool_call_id=event.tool_call_id, name=event.name))
-            marked.append(event)
-        return marked
 
     async def _append(
         self,

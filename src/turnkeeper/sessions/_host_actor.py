@@ -9,7 +9,15 @@ import anyio.abc
 import msgspec
 
 from turnkeeper.core import ToolResult, ToolUse, TurnkeeperError
-from turnkeeper.events import AnyEvent, Envelope, Failed, McpFailed, ToolCalled, ToolReturned
+from turnkeeper.events import (
+    AnyEvent,
+    Envelope,
+    Failed,
+    McpFailed,
+    ToolCalled,
+    ToolMayHaveRun,
+    ToolReturned,
+)
 from turnkeeper.sessions._driver import answer, call_model
 from turnkeeper.sessions._host_base import HostBase, _log
 from turnkeeper.sessions._host_records import _Session, _take_up
@@ -235,12 +243,18 @@ class HostActor(HostBase):
     def _announce(
         self, session: _Session, state: SessionState, uses: Iterable[ToolUse]
     ) -> list[AnyEvent]:
-        """`local.tool_call` events for the calls about to run (logged before they run)."""
+        """`local.tool_call` events for the calls about to run (logged before they run).
+
+        A call whose `local.tool_call` the log already holds, with no result, was about to
+        run when the session's task crashed, its host was killed or its owner lost it: the
+        record rebuilt from the log runs it again, `local.tool_may_have_run` first."""
         events: list[AnyEvent] = []
         for use in uses:
             coerced = None
             if session.refusal(state, use) is None:
                 coerced = coerce_call(state.spec, use)
+                if use.id in state.called:
+                    events.append(ToolMayHaveRun(tool_call_id=use.id, name=use.name))
                 events.append(ToolCalled(tool_call_id=use.id, name=use.name, input=coerced.input))
             session.announced[use.id] = coerced
         return events

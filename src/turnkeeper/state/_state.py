@@ -71,6 +71,8 @@ class SessionState(msgspec.Struct, frozen=True, gc=False):
     when its last result was an error. `answering` is the stop a guard turned into one
     last model call with tools withdrawn, until its reply ends the episode.
     `queued` holds the messages accepted while the session was busy, oldest first.
+    `called` holds the ids of the pending calls (of the model's last reply) whose
+    `local.tool_call` is logged: one without a result may have run already.
 
     Not tracked by the cycle collector (`gc=False`): it holds only data, which cannot
     point back at it. A Host of 10,000 sessions makes one per event, and each would be
@@ -90,6 +92,7 @@ class SessionState(msgspec.Struct, frozen=True, gc=False):
     seen: frozenset[str] = frozenset()
     error_counts: dict[str, int] = {}
     pending: tuple[ToolUse, ...] = ()
+    called: frozenset[str] = frozenset()
     usage: Usage = Usage()
     episode_usage: Usage = Usage()
     episode_started: float | None = None
@@ -457,6 +460,13 @@ def _apply_returned(state: SessionState, event: Any, envelope: Envelope) -> Sess
     return _replace(state, seq=envelope.seq)
 
 
+def _apply_called(state: SessionState, event: Any, envelope: Envelope) -> SessionState:
+    for use in state.pending:
+        if use.id == event.tool_call_id:
+            return _replace(state, seq=envelope.seq, called=state.called | {use.id})
+    return _replace(state, seq=envelope.seq)
+
+
 def _apply_failed(state: SessionState, event: Any, envelope: Envelope) -> SessionState:
     return _replace(state, seq=envelope.seq, status="failed", in_poll=False, stop_reason="failed")
 
@@ -508,6 +518,7 @@ def _apply_response(state: SessionState, event: Any, envelope: Envelope) -> Sess
         repeats=repeats,
         last_repeat=last_repeat,
         pending=uses,
+        called=frozenset(),
         usage=state.usage + event.usage,
         episode_usage=state.episode_usage + event.usage,
         last_unreadable=logged_unreadable(event.response),
@@ -681,6 +692,7 @@ _RULES: dict[type, _Rule] = {
     AnsweredAfterStop: _apply_answered,
     TerminalToolCalled: _apply_terminal,
     Cancelled: _apply_cancel,
+    ToolCalled: _apply_called,
     ToolReturned: _apply_returned,
     Failed: _apply_failed,
     SessionOpened: _apply_opened,
@@ -700,6 +712,7 @@ class _Trip:
     trip."""
 
     __slots__ = (
+        "called",
         "closable",
         "completion_tokens",
         "history",
@@ -723,6 +736,7 @@ class _Trip:
         self.polls = state.polls
         self.seen = set(state.seen)
         self.pending = state.pending
+        self.called = set(state.called)
         self.reply_calls = state.reply_calls
         self.prompt_tokens = 0
         self.completion_tokens = 0
@@ -749,6 +763,7 @@ class _Trip:
             polls=self.polls,
             seen=frozenset(self.seen),
             pending=self.pending,
+            called=frozenset(self.called),
             reply_calls=self.reply_calls,
             usage=Usage(usage.prompt_tokens + prompt, usage.completion_tokens + completion),
             episode_usage=Usage(
@@ -789,6 +804,7 @@ class _Trip:
         for use in uses:
             seen.add(call_key(use.name, use.input))
         self.pending = self.reply_calls = uses
+        self.called.clear()
         usage = event.usage
         self.prompt_tokens += usage.prompt_tokens
         self.completion_tokens += usage.completion_tokens
@@ -797,6 +813,14 @@ class _Trip:
         self.in_poll = False
         self.stop_reason = "tool_use"
         return True
+
+    def announce(self, event: ToolCalled) -> None:
+        """Apply a call's `local.tool_call`, as `_apply_called` does."""
+        call_id = event.tool_call_id
+        for use in self.pending:
+            if use.id == call_id:
+                self.called.add(call_id)
+                return
 
     def answer(self, event: ToolReturned) -> None:
         """Apply a tool's result, as `_apply_returned` does."""
@@ -871,6 +895,7 @@ def fold(state: SessionState, events: Iterable[Envelope]) -> SessionState:
             raise _out_of_order(session_id, seq, envelope)
         event = envelope.event
         if type(event) is ToolCalled:
+            trip.announce(event)
             continue
         if type(event) is ToolReturned:
             trip.answer(event)

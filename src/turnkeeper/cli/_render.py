@@ -110,7 +110,7 @@ def step_line(envelope: Envelope) -> str | None:
     if isinstance(event, ToolReturned):
         return f"  {'error' if event.is_error else '->'} {gist(event.text)}"
     if isinstance(event, ToolMayHaveRun):
-        return f"tool {event.name} again: it may have run before (the session moved workers)"
+        return f"tool {event.name} again: it may have run before (no result was logged)"
     if isinstance(event, Halted):
         return f"halted by {event.guard} ({event.reason}): {gist(event.message)}"
     if isinstance(event, AnswerRequested):

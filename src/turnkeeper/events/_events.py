@@ -147,9 +147,10 @@ class ToolCalled(Event, frozen=True, tag="local.tool_call"):
 
 
 class ToolMayHaveRun(Event, frozen=True, tag="local.tool_may_have_run"):
-    """A call about to run again whose `local.tool_call` an earlier owner of the session
-    logged with no result after it: its handler may have run already (at least once is
-    all a takeover can promise; `ToolContext.idempotency_key` lets a handler dedupe)."""
+    """A call about to run again whose `local.tool_call` is logged with no result after it
+    (the session's task crashed, its host was killed, or another worker owned it): its
+    handler may have run already (at least once is all a log can promise;
+    `ToolContext.idempotency_key` lets a handler dedupe)."""
 
     tool_call_id: str
     name: str

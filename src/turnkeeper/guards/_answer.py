@@ -80,13 +80,12 @@ def answer_request(state: SessionState, halt: Halt) -> AnswerRequested:
     request = state.request
     if request is None and start is not None:
         request = text_of(state.history[start])
-    asked = f'The user asked: "{gist(request)}". ' if request else ""
-    # Measured on SmolLM2-135M, answering 4 questions from their tool's result over 12
-    # seeds: 37 of 48 right asked this way, 10 of 24 with the request and the results
-    # after a "last turn" instruction, 9 of 24 as "Question: ... Tool results: ...".
-    text = (
-        f"{asked}The tools returned: {shown}. Using these results, answer the user in one sentence."
-    )
+    asked = f'The user asked: "{gist(request)}"\n' if request else ""
+    # Measured on SmolLM2-135M, answering 24 questions from their tool's result (the
+    # embedded answer grammar, temperature 0): 19 right asked this way, 14 with "The tools
+    # returned: ... Using these results, answer the user in one sentence.", 15 with the
+    # call quoted beside its result; without the request quoted, 9 of 12 against 11.
+    text = f"{asked}The answer is {shown}. Say that to the user."
     return AnswerRequested(guard=halt.guard, reason=halt.reason, message=halt.message, text=text)
 
 

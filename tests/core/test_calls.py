@@ -63,6 +63,9 @@ def test_a_logged_response_is_flagged_however_it_is_spelled(spelled: bytes, flag
         "Sure! The answer is 391. " + "I hope this helps! " * 8,
         "word " * 2000,
         "x y z " + "a b c d e f g h i j k l m n o p q r s t u v w x y z A B C D E F " * 5,
+        # Stuck inside one word, as SmolLM2-135M was writing an answer's text.
+        "final_a_n_s_f_l" + "_a_n_s_f_l" * 30,
+        "The answer: " + "abab" * 20,
     ],
 )
 def test_a_phrase_repeated_over_and_over_is_degenerate(text: str) -> None:
@@ -83,6 +86,10 @@ def test_a_phrase_repeated_over_and_over_is_degenerate(text: str) -> None:
         "A long answer that only ends in a refrain. " * 1 + "yes yes yes yes yes",
         # One phrase repeated, but in under half of the reply.
         " ".join(f"w{i}" for i in range(40)) + " go on " * 6,
+        "hahahahahahahahahahahahahahaha, that is a good one!",
+        "The result is 3.3333333333333333333333333333333333333333333 as the tool said, "
+        "rounded to two places 3.33, which is what you asked for in the first place.",
+        "Results:\n" + "=" * 40 + "\n1. apples\n2. pears\n3. plums\n4. figs\n5. limes",
     ],
 )
 def test_other_text_is_not_degenerate(text: str) -> None:
@@ -100,6 +107,17 @@ def test_a_reply_cut_off_by_the_token_limit_is_flawed_whatever_it_says() -> None
 @given(st.text(max_size=300))
 def test_degenerate_reads_any_text(text: str) -> None:
     assert degenerate(text) in (True, False)
+
+
+@given(
+    unit=st.text("abcxyz_-", min_size=2, max_size=16),
+    times=st.integers(40, 80),
+    before=st.text("abc ", max_size=20),
+)
+def test_any_short_string_written_over_and_over_is_degenerate(
+    unit: str, times: int, before: str
+) -> None:
+    assert degenerate(before + unit * times)
 
 
 @given(

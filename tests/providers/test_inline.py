@@ -398,6 +398,16 @@ def test_a_final_answer_beside_calls_is_their_content() -> None:
     assert response["choices"][0]["finish_reason"] == "tool_calls"
 
 
+@pytest.mark.parametrize("answer", ["final_answer", " final_answer. ", '"add"', "add"])
+def test_an_answer_that_is_only_a_tool_name_is_flagged_unreadable(answer: str) -> None:
+    text = json.dumps({"name": "final_answer", "arguments": {"text": answer}})
+    response = inline_response(reply(text), request(ASK))
+    assert message_of(response)["content"] == answer
+    assert response["turnkeeper"] == {"reply_text": text, "unreadable": True}
+    named = inline_response(reply(json.dumps({"answer": "add it"})), request(ASK))
+    assert named["turnkeeper"]["unreadable"] is False
+
+
 def test_an_answer_object_becomes_the_content() -> None:
     response = inline_response(reply('{"answer": "It is 5."}'), request(ASK))
     assert message_of(response) == {"role": "assistant", "content": "It is 5."}

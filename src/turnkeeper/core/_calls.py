@@ -4,6 +4,7 @@ the runners, the repair guard and the fold."""
 from __future__ import annotations
 
 import operator
+import re
 from typing import Any
 
 import msgspec
@@ -93,6 +94,11 @@ _TAIL_WORDS = 1000
 _MAX_PHRASE = 32
 _MIN_REPEATS = 5
 _MIN_SPAN = 15
+_TAIL_CHARS = 2000
+_MIN_RUN_CHARS = 40
+# A string of 2 to 16 characters (no spaces) written 8 or more times in a row: a model
+# stuck inside one word ("final_a_n_s_f_l_a_n_s_f_l...") repeats no whole word.
+_REPEATED_STRING = re.compile(r"(\S{2,16}?)\1{7,}")
 
 
 def reply_flaw(text: str | None, finish_reason: str | None) -> str | None:
@@ -107,8 +113,23 @@ def reply_flaw(text: str | None, finish_reason: str | None) -> str | None:
 
 def degenerate(text: str) -> bool:
     """Whether `text` is mostly one phrase (of up to 32 words) repeated 5 or more times in a
-    row, spanning 15 words or more and half the text. Only the last 1000 words are read: a
-    model stuck in a repetition stays stuck to the end of its reply."""
+    row, spanning 15 words or more and half the text, or mostly one string of up to 16
+    characters written 8 or more times in a row without a space, spanning 40 characters or
+    more and half the text. Only the end is read (1000 words, 2000 characters): a model
+    stuck in a repetition stays stuck to the end of its reply."""
+    return _repeats_a_phrase(text) or _repeats_a_string(text)
+
+
+def _repeats_a_string(text: str) -> bool:
+    tail = text[-_TAIL_CHARS:].strip()
+    for match in _REPEATED_STRING.finditer(tail):
+        span = match.end() - match.start()
+        if span >= _MIN_RUN_CHARS and 2 * span >= len(tail):
+            return True
+    return False
+
+
+def _repeats_a_phrase(text: str) -> bool:
     words = text.split()[-_TAIL_WORDS:]
     count = len(words)
     if count < _MIN_SPAN:

@@ -186,6 +186,10 @@ def inline_response(response: dict[str, Any], request: dict[str, Any]) -> dict[s
     if withdrawn and calls:
         # Tools were withdrawn, so no call is surfaced: the reply is the answer as written.
         calls, content = [], text
+    if not calls and content is not None and _names_a_tool(content, request):
+        # Measured on SmolLM2-135M: having written `"name": "final_answer"`, it answered
+        # "final_answer", the name copied into the text. That is no answer: a bad reply.
+        unreadable = True
     new_message = {**message, "content": content}
     finish_reason = choice.get("finish_reason")
     if calls:
@@ -465,6 +469,13 @@ def _answer_of(text: str) -> str | None:
         return answer
     # Too deep to write back out safely: then it is no answer, and the text is prose.
     return None if nests_deeper(answer, MAX_JSON_DEPTH) else json.dumps(answer, ensure_ascii=False)
+
+
+def _names_a_tool(content: str, request: dict[str, Any]) -> bool:
+    """Whether `content`, an answer, is only the name of `final_answer` or of an offered tool."""
+    name = content.strip().strip("\"'`.").strip()
+    offered = {_function_of(tool)["name"] for tool in request.get("tools") or []}
+    return name == ANSWER_TOOL or name in offered
 
 
 def _answer_text(call: ParsedCall) -> str:

@@ -49,7 +49,7 @@ import httpx
 import msgspec
 
 from turnkeeper.core import AgentSpec, GuardConfig, InputError, MaxTurns, SmallModel, ToolSpec
-from turnkeeper.providers import EmbeddedChat, OpenAIChat
+from turnkeeper.providers import EmbeddedChat, OpenAIChat, default_model_path
 from turnkeeper.sessions import RunResult, run
 from turnkeeper.tools import EXAMPLE_TOOLS
 
@@ -932,8 +932,6 @@ def _listed(choices: Sequence[str], what: str) -> Callable[[str], list[str]]:
 def _model(text: str) -> Model:
     path, _, chat_format = text.partition(":")
     if path == "default":
-        from turnkeeper.providers._embedded import default_model_path
-
         path = default_model_path()
     if not Path(path).is_file():
         raise argparse.ArgumentTypeError(f"no GGUF file at {path!r}")

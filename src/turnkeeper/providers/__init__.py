@@ -2,7 +2,7 @@
 
 from turnkeeper.core import Chat
 from turnkeeper.providers._chat import error_for_status, parse_retry_after
-from turnkeeper.providers._embedded import EmbeddedChat, EmbeddedUnavailable
+from turnkeeper.providers._embedded import EmbeddedChat, EmbeddedUnavailable, default_model_path
 from turnkeeper.providers._inline import InlineTools
 from turnkeeper.providers._openai import OpenAIChat, aclose_shared_client
 from turnkeeper.providers._parse import ParsedCall, ParsedReply, parse_tool_calls
@@ -43,6 +43,7 @@ __all__ = [
     "approx_tokens",
     "collecting_events",
     "compact_schema",
+    "default_model_path",
     "error_for_status",
     "parse_retry_after",
     "parse_tool_calls",

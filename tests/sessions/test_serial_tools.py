@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from turnkeeper.core import AgentSpec, ToolSpec
+from turnkeeper.events import ToolCalled
 from turnkeeper.providers import ScriptedChat, text_response, tool_response
 from turnkeeper.sessions import Host, run
 from turnkeeper.tools import ToolContext
@@ -87,7 +88,7 @@ def test_a_host_with_serial_tools_keeps_the_call_order(backend: str, waits: list
             session_id = await host.start(SPEC, "go")
             assert (await host.result(session_id, wait=30)).text == "done"
             events = await host.events(session_id)
-        called = [e.event.tool_call_id for e in events if e.type == "local.tool_call"]
+        called = [e.event.tool_call_id for e in events if isinstance(e.event, ToolCalled)]
         assert called == [f"call_{n}" for n in range(len(waits))]
 
     anyio.run(main, backend=backend)

@@ -223,7 +223,7 @@ def openapi_document(limits: Limits) -> dict[str, Any]:
                 "postMessage",
                 "Send a user message",
                 f"{body_limits}. Queued; it starts a new request episode when the session "
-                "is free. Refused (409) while the session waits for tool results.",
+                "is free. Refused (409) while the session waits for tool results or approval.",
                 parameters=[_SESSION_ID, _IDEMPOTENCY_KEY],
                 body=PostMessage,
                 ok=("202", "The message is queued", _json(SessionInfo)),

@@ -9,13 +9,16 @@ import json
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from turnkeeper.core import AgentSpec, ApprovalDecision, InputError, ToolResult, ToolSpec, ToolUse
 from turnkeeper.events import ApprovalDecided, ApprovalRequested, ToolCalled
 from turnkeeper.logs import SqliteLog
 from turnkeeper.providers import ScriptedChat, text_response, tool_response
-from turnkeeper.sessions import Host, recheck, run
+from turnkeeper.sessions import Host, RunResult, recheck, run
 from turnkeeper.state import replay
 
 pytestmark = pytest.mark.anyio
@@ -307,3 +310,67 @@ async def test_an_approval_policy_must_be_one_a_log_can_hold() -> None:
     word = AgentSpec(tools=(ToolSpec("t", approval="sometimes"),))  # type: ignore[arg-type]
     with pytest.raises(InputError, match=r"spec.tools\[0\].approval: expected"):
         await run(word, "hi", ScriptedChat([]))
+
+
+# Each step of a generated run: the reply's refunds, as (amount, what `approve` says).
+steps = st.lists(
+    st.lists(
+        st.tuples(st.sampled_from([5, 150, 5000]), st.sampled_from([True, False, "no"])),
+        min_size=1,
+        max_size=3,
+    ),
+    min_size=1,
+    max_size=4,
+)
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+@settings(max_examples=40)
+@given(plan=steps)
+def test_generated_runs_run_exactly_the_calls_approved_and_replay(
+    backend: str, plan: list[list[tuple[int, bool | str]]]
+) -> None:
+    said: dict[str, bool | str] = {}
+    script: list[dict[str, Any]] = []
+    expected: list[tuple[int, float]] = []
+    order = 0
+    for step in plan:
+        calls = []
+        for amount, decision in step:
+            order += 1
+            call_id = f"c{order}"
+            said[call_id] = decision
+            calls.append(("refund", {"order": order, "amount": amount}, call_id))
+            if amount < 100 or decision is True:
+                expected.append((order, amount))
+        script.append(tool_response(*calls))
+    script.append(text_response("Done."))
+    refunds = Refunds()
+    asked: list[str] = []
+
+    def approve(use: ToolUse) -> bool | str:
+        asked.append(use.id)
+        return said[use.id]
+
+    async def main() -> RunResult:
+        return await run(
+            SPEC,
+            "Refund them",
+            ScriptedChat(script),
+            tools={"refund": refunds.refund},
+            approve=approve,
+            tool_concurrency=1,
+        )
+
+    result = anyio.run(main, backend=backend)
+    assert result.text == "Done."
+    assert refunds.made == expected
+    needing = [
+        f"c{n}" for n, (amount, _) in enumerate((c for s in plan for c in s), 1) if amount >= 100
+    ]
+    assert asked == needing
+    decided = [e.event for e in result.events if isinstance(e.event, ApprovalDecided)]
+    assert [d.tool_call_id for d in decided] == needing
+    assert all(d.approved == (said[d.tool_call_id] is True) for d in decided)
+    assert replay(result.events) == result.state
+    assert recheck(result.events) is None

@@ -8,7 +8,8 @@ with side effects dedupe).
 
 The Host is made of parts, one module each: the API (here), the session actor
 (`_host_actor`), recovery from the log (`_host_recovery`), sessions at rest
-(`_host_resting`), and what they share (`_host_base`, `_host_records`).
+(`_host_resting`), decisions on calls awaiting approval (`_host_approvals`), and what
+they share (`_host_base`, `_host_records`).
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
 from turnkeeper.core import (
     AgentSpec,
+    ApprovalDecision,
     Budget,
     ChatError,
     ConsecutiveErrors,
@@ -69,6 +70,7 @@ from turnkeeper.tools import McpError, McpPool, ToolContext
 
 __all__ = [
     "AgentSpec",
+    "ApprovalDecision",
     "Budget",
     "Busy",
     "ChatError",

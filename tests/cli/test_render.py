@@ -5,12 +5,14 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from turnkeeper.cli._render import step_line
-from turnkeeper.core import AgentSpec, GuardConfig, ToolResult, Usage
+from turnkeeper.cli._render import outcome_lines, step_line
+from turnkeeper.core import AgentSpec, GuardConfig, ToolResult, ToolSpec, Usage
 from turnkeeper.events import (
     AnsweredAfterStop,
     AnswerRequested,
     AnyEvent,
+    ApprovalDecided,
+    ApprovalRequested,
     Cancelled,
     ChatFailed,
     ChatRetried,
@@ -31,6 +33,10 @@ from turnkeeper.events import (
     ToolResultsReceived,
     ToolReturned,
 )
+from turnkeeper.guards import default_guards
+from turnkeeper.providers import tool_response
+from turnkeeper.sessions import UserMessage, begin_poll, open_session
+from turnkeeper.sessions._driver import Called, answer
 
 EVENTS: list[tuple[AnyEvent, str]] = [
     (SessionOpened(AgentSpec(), (), 50, GuardConfig(), False), "session"),
@@ -50,6 +56,9 @@ EVENTS: list[tuple[AnyEvent, str]] = [
     (ToolCalled("c1", "search", {"q": "x"}), 'tool search({"q":"x"})'),
     (ToolReturned("c1", "found"), "-> found"),
     (ToolMayHaveRun("c1", "search"), "tool search again: it may have run before"),
+    (ApprovalRequested(("c1", "c2")), "awaiting approval: c1, c2"),
+    (ApprovalDecided("c1", approved=True), "approved c1"),
+    (ApprovalDecided("c2", approved=False, reason="too much"), "denied c2: too much"),
     (McpFailed("fs", "died", "EOF", "read", "c1"), "MCP server fs went away (calling read): EOF"),
     (McpFailed("fs", "start_failed", "no such file"), "MCP server fs could not start: no such"),
     (Halted("loop", "going_in_circles", "I stopped."), "halted by loop (going_in_circles)"),
@@ -81,3 +90,16 @@ def test_tool_results_get_no_line_of_their_own() -> None:
 def test_every_kind_of_event_is_covered() -> None:
     kinds = {type(event) for event, _ in EVENTS} | {ToolResultsReceived}
     assert kinds == set(AnyEvent.__args__)
+
+
+def test_the_outcome_of_a_session_awaiting_approval_says_so() -> None:
+    spec = AgentSpec(tools=(ToolSpec("refund", approval="always"), ToolSpec("look")))
+    state = open_session(spec, session_id="s")
+    _, state, _ = begin_poll(state, UserMessage("refund it"), now=1.0)
+    response = tool_response(("refund", {}, "r1"), ("look", {}, "l1"))
+    answered = answer(Called(response, None, []), state, guard=default_guards, clock=lambda: 2.0)
+    lines = list(outcome_lines(answered.state))
+    assert "awaiting approval: refund" in lines
+    assert not any(line.startswith("waiting for tool results") for line in lines)
+    asked = answered.events[-1]
+    assert step_line(asked) == "awaiting approval: r1"

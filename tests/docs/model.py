@@ -60,6 +60,16 @@ PLANS: dict[str, Plan] = {
         calls=(("read_file", {"path": "/etc/shadow"}),), answer="I could not read it."
     ),
     "List the reports": Plan(calls=(("list_reports", {}),), answer="The reports: {result}"),
+    "Refund order 9 (20 dollars).": Plan(
+        calls=(("refund", {"order": 9, "amount": 20}),), answer="Order 9: {result}"
+    ),
+    "Refund order 7 (250 dollars).": Plan(
+        calls=(("refund", {"order": 7, "amount": 250}),), answer="Order 7: {result}"
+    ),
+    "Refund order 8 (900 dollars).": Plan(
+        calls=(("refund", {"order": 8, "amount": 900}),), answer="Order 8 was not refunded."
+    ),
+    "Check the slow service.": Plan(calls=(("slow_check", {}),), answer="It said: {result}"),
     "Find the report on tides": Plan(
         calls=(("remote_search", {"query": "tide"}),), answer="Found: {result}"
     ),

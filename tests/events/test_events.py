@@ -17,6 +17,8 @@ from turnkeeper.events._events import (
     AnsweredAfterStop,
     AnswerRequested,
     AnyEvent,
+    ApprovalDecided,
+    ApprovalRequested,
     Cancelled,
     ChatFailed,
     ChatRetried,
@@ -52,6 +54,8 @@ TAGS: dict[type[Event], str] = {
     ChatFailed: "local.chat_error",
     ToolCalled: "local.tool_call",
     ToolMayHaveRun: "local.tool_may_have_run",
+    ApprovalRequested: "local.approval_requested",
+    ApprovalDecided: "local.approval_decided",
     ToolReturned: "local.tool_result",
     Halted: "local.halted",
     AnswerRequested: "local.answer_requested",
@@ -112,6 +116,8 @@ EXAMPLES: list[AnyEvent] = [
     ToolCalled(tool_call_id="call_1", name="search", input={"q": "x", "n": [1, {"a": None}]}),
     ToolReturned(tool_call_id="call_1", text="boom", is_error=True),
     ToolMayHaveRun(tool_call_id="call_1", name="search"),
+    ApprovalRequested(tool_call_ids=("call_1", "call_2")),
+    ApprovalDecided(tool_call_id="call_1", approved=False, reason="too much"),
     Halted(guard="loop", reason="going_in_circles", message="Stopped: going in circles."),
     AnswerRequested(
         guard="loop", reason="going_in_circles", message="2\n\nI stopped.", text="Answer now."

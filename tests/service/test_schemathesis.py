@@ -56,12 +56,14 @@ RULES: dict[str, list[tuple[str, str]]] = {
         (r"spec\.tools", "is listed twice"),
         (r"spec\.tools", "names MCP server"),
         (r"spec\.tools\[\d+\]\.input_schema", "cannot be used"),
+        (r"spec\.tools\[\d+\]\.approval", "cannot be used"),
         (r"guards\.terminal\.required", "names no terminal_tool"),
         (r"history\[\d+\]\.tool_call_id", "answers no tool call"),
         (r"history\[\d+\]\.tool_calls\[\d+\]\.id", "is the id of an earlier call"),
         (r"prompt", "the history ends in tool calls with no results"),
     ],
     "POST /v1/sessions/{session_id}/tool_results": [(r"results", "")],
+    "POST /v1/sessions/{session_id}/approvals": [(r"decisions", "")],
     "GET /v1/sessions": [(r"cursor", "is not the next_cursor of a page")],
 }
 

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from turnkeeper.core import AgentSpec, GuardConfig, ToolResult, ToolSpec, Usage
 from turnkeeper.events import (
+    ApprovalDecided,
     Cancelled,
     ChatFailed,
     Envelope,
@@ -25,11 +26,21 @@ from turnkeeper.events import (
 from turnkeeper.providers import text_response, tool_response
 from turnkeeper.service._summary import Tracker
 from turnkeeper.sessions import Resume, UserMessage, begin_poll, emit, end_poll, open_session
-from turnkeeper.state import SessionState, apply_event, replay
+from turnkeeper.state import (
+    SessionState,
+    apply_event,
+    approval_request,
+    awaiting_approval,
+    replay,
+)
 
 TOOLS = tuple(
     ToolSpec(
-        name, f"The {name} tool.", {"type": "object", "properties": {"n": {"type": "integer"}}}
+        name,
+        f"The {name} tool.",
+        {"type": "object", "properties": {"n": {"type": "integer"}}},
+        # Calls of b with n = 1 need approval.
+        approval={"properties": {"n": {"const": 1}}} if name == "b" else "never",
     )
     for name in ("a", "b", "finish")
 )
@@ -99,6 +110,10 @@ class Session:
         self.clock += 1
         events, self.state = end_poll(self.state, response(reply, self.state.seq), now=self.clock)
         self.take(events)
+        # As the model-call driver logs it with the reply.
+        asked = approval_request(self.state)
+        if asked is not None:
+            self.emit(asked)
 
 
 def assert_same(tracker: Tracker, state: SessionState) -> None:
@@ -111,6 +126,8 @@ def assert_same(tracker: Tracker, state: SessionState) -> None:
     assert tracker.usage == state.usage
     assert tracker.stop_reason == state.stop_reason
     assert tracker.seq == state.seq
+    awaiting = tuple(use for use in tracker.pending if use in tracker.awaiting)
+    assert awaiting == tuple(use.id for use in awaiting_approval(state))
 
 
 @given(steps, st.sampled_from([2, 4, 50]), st.booleans())
@@ -137,6 +154,9 @@ def test_the_light_fold_keeps_what_the_status_follows_from(
         elif action == "queue" and state.status != "requires_action":
             session.emit(MessageQueued(text="later"))
         elif state.status == "requires_action":
+            for use in awaiting_approval(state):
+                # "error" denies; any other action approves.
+                session.emit(ApprovalDecided(use.id, approved=action != "error"))
             if action == "announce":
                 session.emit(ToolCalled(state.pending[0].id, state.pending[0].name, {}))
             results = tuple(

@@ -11,6 +11,8 @@ from turnkeeper.core import AgentSpec, Message, text_of, tool_uses_of
 from turnkeeper.events import (
     AnsweredAfterStop,
     AnswerRequested,
+    ApprovalDecided,
+    ApprovalRequested,
     Cancelled,
     ChatFailed,
     ChatRetried,
@@ -31,7 +33,7 @@ from turnkeeper.events import (
     ToolResultsReceived,
     ToolReturned,
 )
-from turnkeeper.state import SessionState
+from turnkeeper.state import SessionState, awaiting_approval
 
 _GIST = 200  # characters of a text shown on one line
 _compact = msgspec.json.Encoder()
@@ -111,6 +113,12 @@ def step_line(envelope: Envelope) -> str | None:
         return f"  {'error' if event.is_error else '->'} {gist(event.text)}"
     if isinstance(event, ToolMayHaveRun):
         return f"tool {event.name} again: it may have run before (no result was logged)"
+    if isinstance(event, ApprovalRequested):
+        return f"awaiting approval: {', '.join(event.tool_call_ids)}"
+    if isinstance(event, ApprovalDecided):
+        decided = "approved" if event.approved else "denied"
+        why = f": {gist(event.reason)}" if event.reason else ""
+        return f"{decided} {event.tool_call_id}{why}"
     if isinstance(event, Halted):
         return f"halted by {event.guard} ({event.reason}): {gist(event.message)}"
     if isinstance(event, AnswerRequested):
@@ -183,7 +191,10 @@ def outcome_lines(state: SessionState) -> Iterator[str]:
         f"outcome: {state.status}{reason} after {_count(state.polls, 'model call')} this "
         f"episode; {usage.prompt_tokens} prompt + {usage.completion_tokens} completion tokens"
     )
-    if state.pending:
+    awaiting = awaiting_approval(state)
+    if awaiting:
+        yield f"awaiting approval: {', '.join(use.name for use in awaiting)}"
+    elif state.pending:
         yield f"waiting for tool results: {', '.join(use.name for use in state.pending)}"
     answer = answer_of(state)
     if answer:

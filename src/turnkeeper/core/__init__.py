@@ -58,6 +58,8 @@ from turnkeeper.core._messages import (
 from turnkeeper.core._text import encodes, loggable
 from turnkeeper.core._types import (
     AgentSpec,
+    Approval,
+    ApprovalDecision,
     McpServer,
     Message,
     ToolResult,
@@ -73,6 +75,8 @@ __all__ = [
     "MAX_ARGUMENT_DEPTH",
     "MAX_JSON_DEPTH",
     "AgentSpec",
+    "Approval",
+    "ApprovalDecision",
     "Budget",
     "Chat",
     "ChatError",

@@ -3,18 +3,25 @@
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
+from turnkeeper.core._checks import check_seconds
 from turnkeeper.core._errors import InputError
-from turnkeeper.core._jsonschema import schema_problem
+from turnkeeper.core._jsonschema import is_valid, schema_problem
 
 Message = dict[str, Any]
 """An OpenAI chat-completions message, string-keyed, kept verbatim."""
 
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 _INT64 = (-(2**63), 2**63 - 1)
+
+Approval = Literal["never", "always"] | dict[str, Any]
+"""When a tool's calls need approval before they run: `never`, `always`, or a JSON Schema
+of the arguments (a call whose arguments match it needs approval). A schema, not a Python
+function: the spec is logged, and replay, another worker and the HTTP API must all reach
+the same answer from the log alone."""
 
 
 class Usage(msgspec.Struct, frozen=True, gc=False):
@@ -51,6 +58,10 @@ class ToolSpec(msgspec.Struct, frozen=True):
     mcp_server: str | None = None
     """The MCP server (by name, one of the spec's `mcp_servers`) that serves this tool;
     None for a tool run in-process or by the orchestrator."""
+    approval: Approval = "never"
+    """Whether a call must be approved before it runs (see `Approval`)."""
+    timeout: float | None = None
+    """Seconds a call of this tool may take; None: the run's or host's `tool_timeout`."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _TOOL_NAME.match(self.name):
@@ -62,6 +73,13 @@ class ToolSpec(msgspec.Struct, frozen=True):
                 f"ToolSpec.input_schema: the schema of tool {self.name!r} must be a JSON Schema "
                 "object"
             )
+
+    def needs_approval(self, arguments: dict[str, Any]) -> bool:
+        """Whether a call with `arguments` (as its handler gets them) needs approval."""
+        approval = self.approval
+        if isinstance(approval, dict):
+            return is_valid(approval, arguments)
+        return approval == "always"
 
     def to_openai(self) -> dict[str, Any]:
         """The tool in OpenAI chat-completions shape."""
@@ -222,6 +240,11 @@ def check_spec(spec: AgentSpec) -> None:
     for index, tool in enumerate(spec.tools):
         _check_name(tool.name, f"spec.tools[{index}].name")
         check_tool(tool, f"spec.tools[{index}]")
+        _check_approval(tool, f"spec.tools[{index}].approval")
+        if tool.timeout is not None:
+            check_seconds(
+                f"spec.tools[{index}].timeout", tool.timeout, positive=True, optional=True
+            )
     for index, server in enumerate(spec.mcp_servers):
         _check_name(server.name, f"spec.mcp_servers[{index}].name")
         if server.tool_prefix:
@@ -246,6 +269,27 @@ def check_spec(spec: AgentSpec) -> None:
     ):
         raise InputError(
             f"spec.seed: expected an integer from -2**63 to 2**63 - 1, got {seed!r:.80}"
+        )
+
+
+def _check_approval(tool: ToolSpec, where: str) -> None:
+    """Raise InputError, naming `where`, unless the tool's approval policy is one a log can
+    hold and that can be checked against its arguments."""
+    approval: object = tool.approval
+    if approval in ("never", "always"):
+        return
+    if not isinstance(approval, dict):
+        function = (
+            " (a Python function cannot be logged with the spec)" if callable(approval) else ""
+        )
+        raise InputError(
+            f'{where}: expected "never", "always" or a JSON Schema object of the arguments '
+            f"of tool {tool.name!r}, got {approval!r:.80}{function}"
+        )
+    problem = schema_problem(approval)
+    if problem is not None:
+        raise InputError(
+            f"{where}: the approval schema of tool {tool.name!r} cannot be used: {problem}"
         )
 
 
@@ -279,3 +323,12 @@ class ToolResult(msgspec.Struct, frozen=True, gc=False):
     tool_use_id: str
     text: str
     is_error: bool = False
+
+
+class ApprovalDecision(msgspec.Struct, frozen=True, gc=False):
+    """A decision on one tool call awaiting approval: approved (it runs), or denied (it
+    does not; the model is told so as the call's error, with `reason` if given)."""
+
+    tool_call_id: str
+    approved: bool
+    reason: str | None = None

@@ -164,6 +164,23 @@ class ToolReturned(Event, frozen=True, tag="local.tool_result"):
     is_error: bool = False
 
 
+class ApprovalRequested(Event, frozen=True, tag="local.approval_requested"):
+    """Calls of the model's last reply need approval before they run (their tools'
+    `approval` policy says so for their arguments): the session waits for a decision on
+    each (`local.approval_decided`) before any call of the reply runs."""
+
+    tool_call_ids: tuple[str, ...]
+
+
+class ApprovalDecided(Event, frozen=True, tag="local.approval_decided"):
+    """A call awaiting approval was approved (it runs) or denied (it does not; the model
+    gets a tool error saying so, with `reason` if one was given)."""
+
+    tool_call_id: str
+    approved: bool
+    reason: str | None = None
+
+
 class McpFailed(Event, frozen=True, tag="local.mcp_error"):
     """An MCP server failed: it could not start (`start_failed`), went away (`died`), did not
     answer a call in time (`timeout`) or broke the protocol (`error`). A failed call names
@@ -239,6 +256,8 @@ AnyEvent = (
     | ToolCalled
     | ToolMayHaveRun
     | ToolReturned
+    | ApprovalRequested
+    | ApprovalDecided
     | McpFailed
     | Halted
     | AnswerRequested

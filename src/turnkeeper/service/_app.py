@@ -15,7 +15,7 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 
-from turnkeeper.core import InputError, ToolResult
+from turnkeeper.core import ApprovalDecision, InputError, ToolResult
 from turnkeeper.service._auth import BearerAuth, check_token
 from turnkeeper.service._catalog import Catalog
 from turnkeeper.service._errors import ApiError
@@ -38,6 +38,7 @@ from turnkeeper.service._schemas import (
     Created,
     CreateSession,
     Health,
+    PostApprovals,
     PostMessage,
     PostToolResults,
     SessionPage,
@@ -88,6 +89,7 @@ def create_app(
         route(one, GET=api.get),
         route(one + "/messages", POST=api.message),
         route(one + "/tool_results", POST=api.tool_results),
+        route(one + "/approvals", POST=api.approvals),
         route(one + "/cancel", POST=api.cancel),
         route(one + "/retry", POST=api.retry),
         route(one + "/recheck", POST=inspector.recheck),
@@ -249,6 +251,40 @@ class _Api:
             await self.host.submit_tool_results(session_id, results, request_id=key)
         else:
             await self.host.submit_tool_results(session_id, results)
+
+    async def approvals(self, request: Request) -> Response:
+        session_id = request.path_params["session_id"]
+        body = await read_body(request, PostApprovals, self.limits)
+        for index, decision in enumerate(body.decisions):
+            if decision.reason is not None:
+                field = f"decisions[{index}].reason"
+                self._check_text(field, decision.reason, self.limits.max_text_chars)
+        key = self._key(request)
+        if key is None:
+            await self._check_awaiting(session_id)
+        try:
+            await self._approve(session_id, body.decisions, key)
+        except InputError as exc:
+            # Another request's decisions may have come first: that is a conflict too.
+            await self._check_awaiting(session_id)
+            raise ApiError(422, str(exc), _field_named(str(exc)) or "decisions") from None
+        return json_response(await self.host.status(session_id), 202)
+
+    async def _check_awaiting(self, session_id: str) -> None:
+        """A 409 unless the session has tool calls awaiting approval."""
+        info = await self._readable(session_id)
+        if info.status != "awaiting_approval":
+            raise ApiError(
+                409, f"session {session_id} is {info.status}, not awaiting approval of tool calls"
+            )
+
+    async def _approve(
+        self, session_id: str, decisions: Sequence[ApprovalDecision], key: str | None
+    ) -> None:
+        if isinstance(self.host, FleetHost):
+            await self.host.approve(session_id, decisions, request_id=key)
+        else:
+            await self.host.approve(session_id, decisions)
 
     async def cancel(self, request: Request) -> Response:
         session_id = request.path_params["session_id"]

@@ -26,6 +26,7 @@ from turnkeeper.service._schemas import (
     ErrorBody,
     EventPage,
     Health,
+    PostApprovals,
     PostMessage,
     PostToolResults,
     Recheck,
@@ -38,7 +39,7 @@ from turnkeeper.service._summary import LISTED_STATUSES
 from turnkeeper.sessions import SessionInfo
 
 _REF = "#/components/schemas/{name}"
-_BODIES = (CreateSession, PostMessage, PostToolResults, RecheckRequest)
+_BODIES = (CreateSession, PostMessage, PostToolResults, PostApprovals, RecheckRequest)
 _RESPONSES = (
     Created,
     SessionInfo,
@@ -173,6 +174,7 @@ def openapi_document(limits: Limits) -> dict[str, Any]:
             ("GetSession", "getSession"),
             ("PostMessage", "postMessage"),
             ("PostToolResults", "postToolResults"),
+            ("PostApprovals", "postApprovals"),
             ("CancelSession", "cancelSession"),
             ("RetrySession", "retrySession"),
             ("RecheckSession", "recheckSession"),
@@ -221,7 +223,7 @@ def openapi_document(limits: Limits) -> dict[str, Any]:
                 "postMessage",
                 "Send a user message",
                 f"{body_limits}. Queued; it starts a new request episode when the session "
-                "is free. Refused (409) while the session waits for tool results.",
+                "is free. Refused (409) while the session waits for tool results or approval.",
                 parameters=[_SESSION_ID, _IDEMPOTENCY_KEY],
                 body=PostMessage,
                 ok=("202", "The message is queued", _json(SessionInfo)),
@@ -238,6 +240,24 @@ def openapi_document(limits: Limits) -> dict[str, Any]:
                 parameters=[_SESSION_ID, _IDEMPOTENCY_KEY],
                 body=PostToolResults,
                 ok=("202", "The results are logged; the session goes on", _json(SessionInfo)),
+                errors=(400, 401, 404, 408, 409, 413, 415, 422, 503),
+            )
+        },
+        "/v1/sessions/{session_id}/approvals": {
+            "post": _operation(
+                "postApprovals",
+                "Approve or deny tool calls awaiting approval",
+                f"{body_limits}. A session is `awaiting_approval` when calls of the model's "
+                "reply need approval (their tool's `approval` policy says so for their "
+                "arguments): no call of that reply runs until each is decided. Decide some or "
+                "all of its `awaiting` calls, by id; an approved call then runs (or waits for "
+                "its result from outside), a denied one is answered with a tool error saying "
+                "so (and `reason`, if given). Decisions on calls not awaiting approval, or two "
+                "on one call, are refused (422, naming `decisions`), and so are decisions for a "
+                "session awaiting none (409).",
+                parameters=[_SESSION_ID, _IDEMPOTENCY_KEY],
+                body=PostApprovals,
+                ok=("202", "The decisions are logged; the session goes on", _json(SessionInfo)),
                 errors=(400, 401, 404, 408, 409, 413, 415, 422, 503),
             )
         },
@@ -479,7 +499,22 @@ def _request_rules(limits: Limits) -> dict[str, dict[str, dict[str, Any]]]:
         },
         "PostMessage": {"text": {"maxLength": limits.max_text_chars}},
         "ToolResult": {"text": {"maxLength": limits.max_tool_result_chars}},
-        "ToolSpec": {"name": {"pattern": _NAME}},
+        "ToolSpec": {
+            "name": {"pattern": _NAME},
+            "approval": {
+                "description": "Whether a call must be approved before it runs: `never`, "
+                "`always`, or a JSON Schema of the arguments (a call whose arguments match it "
+                "needs approval; one that cannot be used is refused, 422). A schema rather "
+                "than code: the spec is logged, and replay must reach the same answer."
+            },
+            "timeout": {
+                **_SECONDS,
+                "description": "Seconds a call of this tool may take when the service runs "
+                "it; null: the service's tool timeout.",
+            },
+        },
+        "PostApprovals": {"decisions": {"minItems": 1}},
+        "ApprovalDecision": {"reason": {"maxLength": limits.max_text_chars}},
         "AgentSpec": {
             "temperature": {"minimum": 0, "maximum": 2},
             "top_p": {"exclusiveMinimum": 0, "maximum": 1},

@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from turnkeeper.core import AgentSpec, GuardConfig, ToolResult
+from turnkeeper.core import AgentSpec, ApprovalDecision, GuardConfig, ToolResult
 from turnkeeper.events import Envelope
 from turnkeeper.service._summary import ListedStatus, SessionSummary
 from turnkeeper.sessions import Divergence, SessionInfo
@@ -54,6 +54,13 @@ class PostToolResults(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """One result for each tool call the session waits on (its `pending` calls)."""
 
     results: list[ToolResult]
+
+
+class PostApprovals(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Decisions on tool calls the session has awaiting approval (its `awaiting` calls),
+    by call id: some or all of them."""
+
+    decisions: list[ApprovalDecision]
 
 
 class SessionPage(msgspec.Struct, frozen=True):

@@ -18,6 +18,8 @@ from turnkeeper.core import InputError, Usage, decode_tool_uses, gist
 from turnkeeper.events import (
     AnsweredAfterStop,
     AnswerRequested,
+    ApprovalDecided,
+    ApprovalRequested,
     Cancelled,
     ChatFailed,
     DirectiveInjected,
@@ -70,6 +72,7 @@ class Tracker:
     """One session's summary, advanced one event at a time (`apply`)."""
 
     __slots__ = (
+        "awaiting",
         "called",
         "created_at",
         "error",
@@ -99,6 +102,9 @@ class Tracker:
         # own handler runs (`local.tool_call`). Neither waits on anyone outside.
         self.returned: frozenset[str] = frozenset()
         self.called: frozenset[str] = frozenset()
+        # Of the pending calls: those awaiting approval (a denied one is answered by the
+        # Host, so it counts as called).
+        self.awaiting: frozenset[str] = frozenset()
         self.queued: tuple[str, ...] = ()
         self.errored = False
         self.error: str | None = None
@@ -125,6 +131,8 @@ class Tracker:
         if self.in_poll or state == "running":
             return "running"
         if state == "requires_action":
+            if self.awaiting and any(use in self.awaiting for use in self.pending):
+                return "awaiting_approval"
             waiting = any(
                 use not in self.returned and use not in self.called for use in self.pending
             )
@@ -202,14 +210,14 @@ class Tracker:
     def _begin_step(self) -> None:
         """A poll's input: the model is to be called."""
         self.pending = ()
-        self.returned = self.called = frozenset()
+        self.returned = self.called = self.awaiting = frozenset()
         self.state = "running"
         self.in_poll = True
         self.stop_reason = None
 
     def _response(self, event: ModelResponded) -> None:
         self.pending = _call_ids(event)
-        self.returned = self.called = frozenset()
+        self.returned = self.called = self.awaiting = frozenset()
         self.state = "requires_action" if self.pending else "idle"
         self.in_poll = False
         self.polls += 1
@@ -235,6 +243,16 @@ class Tracker:
 
     def _called(self, event: ToolCalled) -> None:
         self.called |= {event.tool_call_id}
+
+    def _approval_requested(self, event: ApprovalRequested) -> None:
+        self.awaiting |= {call for call in event.tool_call_ids if call in self.pending}
+
+    def _approval_decided(self, event: ApprovalDecided) -> None:
+        call = event.tool_call_id
+        if call in self.awaiting:
+            self.awaiting -= {call}
+            if not event.approved:
+                self.called |= {call}
 
     def _halted(self, event: Halted) -> None:
         self.pending, self.in_poll = (), False
@@ -270,6 +288,8 @@ _RULES: dict[type, Callable[[Tracker, Any], None]] = {
     DuplicateToolCall: Tracker._duplicate,
     ToolReturned: Tracker._returned,
     ToolCalled: Tracker._called,
+    ApprovalRequested: Tracker._approval_requested,
+    ApprovalDecided: Tracker._approval_decided,
     Halted: Tracker._halted,
     AnswerRequested: Tracker._answer_requested,
     AnsweredAfterStop: Tracker._answered,

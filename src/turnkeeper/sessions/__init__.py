@@ -27,12 +27,13 @@ from turnkeeper.sessions._poll import (
     opened_event,
 )
 from turnkeeper.sessions._recheck import Divergence, recheck
-from turnkeeper.sessions._run import EventCallback, RunResult, TurnGuard, run
+from turnkeeper.sessions._run import Approver, EventCallback, RunResult, TurnGuard, run
 from turnkeeper.state import SessionState, Status
 from turnkeeper.tools import Tools
 
 __all__ = [
     "AgentSpec",
+    "Approver",
     "Busy",
     "Chat",
     "ChatError",

@@ -22,8 +22,8 @@ from turnkeeper.events import AnyEvent, Envelope
 from turnkeeper.guards import Guard, default_guards
 from turnkeeper.providers import collecting_events
 from turnkeeper.sessions._inputs import Input, Resume
-from turnkeeper.sessions._poll import begin_poll, build_request, end_poll, failure_events
-from turnkeeper.state import SessionState
+from turnkeeper.sessions._poll import begin_poll, build_request, emit, end_poll, failure_events
+from turnkeeper.state import SessionState, approval_request
 
 
 class Called(msgspec.Struct, frozen=True, gc=False):
@@ -79,10 +79,23 @@ def answer(
         except ChatError as error:
             failure = error
         else:
-            return Answer(events, ended, None)
+            return Answer(*_asking_approval(events, ended), None)
     before = state if failed_after is None else failed_after
     failed = failure_events(before, failure, called.reported, at=clock(), response=called.response)
     return Answer(list(failed), _advance_seq(before, len(failed)), failure)
+
+
+def _asking_approval(
+    events: list[Envelope], state: SessionState
+) -> tuple[list[Envelope], SessionState]:
+    """`events` and `state`, with the `local.approval_requested` after them that the calls
+    of the reply need, if any (logged with the reply, so no one sees those calls waiting
+    for results before they are approved)."""
+    asked = approval_request(state)
+    if asked is None:
+        return events, state
+    envelope, state = emit(state, asked, at=events[-1].at)
+    return [*events, envelope], state
 
 
 def _advance_seq(state: SessionState, count: int) -> SessionState:

@@ -23,12 +23,21 @@ from typing import Any
 import anyio
 import msgspec
 
-from turnkeeper.core import AgentSpec, GuardConfig, InputError, LogError, ToolResult, check_seconds
+from turnkeeper.core import (
+    AgentSpec,
+    ApprovalDecision,
+    GuardConfig,
+    InputError,
+    LogError,
+    ToolResult,
+    check_seconds,
+)
 from turnkeeper.events import Envelope
 from turnkeeper.logs import FenceLost, InboxItem
 from turnkeeper.sessions._fleet_owner import (
     _LONGEST_WAIT,
     FleetOwner,
+    _ApprovalsPayload,
     _CancelPayload,
     _Consuming,
     _consuming,
@@ -38,6 +47,7 @@ from turnkeeper.sessions._fleet_owner import (
     _ResultsPayload,
     session_id_for,
 )
+from turnkeeper.sessions._host_approvals import check_decisions
 from turnkeeper.sessions._host_records import (
     Busy,
     HostStatus,
@@ -151,6 +161,24 @@ class FleetHost(FleetOwner):
             lambda: super(FleetHost, self).submit_tool_results(session_id, results),
         )
 
+    async def approve(
+        self,
+        session_id: str,
+        decisions: Sequence[ApprovalDecision],
+        *,
+        request_id: str | None = None,
+    ) -> None:
+        """As Host.approve, on any worker (see the class for `request_id`)."""
+        self._check_accepting()
+        payload = {"decisions": msgspec.to_builtins(check_decisions(decisions))}
+        await self._route(
+            session_id,
+            "approvals",
+            payload,
+            request_id,
+            lambda: super(FleetHost, self).approve(session_id, decisions),
+        )
+
     async def cancel(
         self,
         session_id: str,
@@ -261,6 +289,9 @@ class FleetHost(FleetOwner):
             elif kind == "tool_results":
                 results = msgspec.convert(item.payload, _ResultsPayload).results
                 await super().submit_tool_results(session_id, results)
+            elif kind == "approvals":
+                decisions = msgspec.convert(item.payload, _ApprovalsPayload).decisions
+                await super().approve(session_id, decisions)
             elif kind == "cancel":
                 reason = msgspec.convert(item.payload, _CancelPayload).reason
                 await super().cancel(session_id, reason)

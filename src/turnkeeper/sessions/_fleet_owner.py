@@ -16,6 +16,7 @@ import anyio
 import msgspec
 
 from turnkeeper.core import (
+    ApprovalDecision,
     InputError,
     LogError,
     ReplayError,
@@ -59,6 +60,10 @@ class _MessagePayload(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 class _ResultsPayload(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     results: tuple[ToolResult, ...]
+
+
+class _ApprovalsPayload(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    decisions: tuple[ApprovalDecision, ...]
 
 
 class _CancelPayload(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

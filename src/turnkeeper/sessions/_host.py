@@ -8,7 +8,8 @@ with side effects dedupe).
 
 The Host is made of parts, one module each: the API (here), the session actor
 (`_host_actor`), recovery from the log (`_host_recovery`), sessions at rest
-(`_host_resting`), and what they share (`_host_base`, `_host_records`).
+(`_host_resting`), decisions on calls awaiting approval (`_host_approvals`), and what
+they share (`_host_base`, `_host_records`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from turnkeeper.core import (
 from turnkeeper.events import AnyEvent, Cancelled, Envelope, MessageQueued, ToolReturned
 from turnkeeper.logs import LARGEST_SEQ, SeqConflict, check_batch
 from turnkeeper.sessions._host_actor import HostActor
+from turnkeeper.sessions._host_approvals import HostApprovals
 from turnkeeper.sessions._host_records import (
     Busy,
     HostStopped,
@@ -48,11 +50,11 @@ from turnkeeper.sessions._inputs import Kickoff, UserMessage
 from turnkeeper.sessions._open import open_session
 from turnkeeper.sessions._poll import begin_poll, check_results, emit, opened_event
 from turnkeeper.sessions._slots import Slots
-from turnkeeper.state import SessionState
+from turnkeeper.state import SessionState, approval_request, awaiting_approval
 from turnkeeper.tracing import capture_context
 
 
-class Host(HostActor, HostRecovery, HostResting):
+class Host(HostActor, HostRecovery, HostResting, HostApprovals):
     """Runs many sessions in one process: `async with Host(chat=...) as host`.
 
     Each session with work to do is a task in the host's task group (one at rest holds
@@ -196,6 +198,11 @@ class Host(HostActor, HostRecovery, HostResting):
         for failure in failures:
             envelope, state = emit(state, failure, at=self.clock())
             events.append(envelope)
+        # A transcript ending in calls that need approval: asked for before they can run.
+        asked = approval_request(state)
+        if asked is not None:
+            envelope, state = emit(state, asked, at=self.clock())
+            events.append(envelope)
         if prompt is not None:
             begun, state, _ = begin_poll(state, Kickoff(prompt), now=self.clock(), guard=self.guard)
             events.extend(begun)
@@ -213,6 +220,12 @@ class Host(HostActor, HostRecovery, HostResting):
                 status = self._status(session)
                 if status in ("failed", "cancelled"):
                     raise InputError(f"session {session_id} is {status} and takes no messages")
+                if status == "awaiting_approval":
+                    ids = ", ".join(use.id for use in awaiting_approval(session.state))
+                    raise InputError(
+                        f"session {session_id} is waiting for the approval of tool calls "
+                        f"{ids}; approve or deny them first"
+                    )
                 if status == "requires_action":
                     ids = ", ".join(use.id for use in self._outstanding(session))
                     raise InputError(

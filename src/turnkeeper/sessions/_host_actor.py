@@ -24,7 +24,7 @@ from turnkeeper.sessions._host_records import _Session, _take_up
 from turnkeeper.sessions._inputs import Input, Resume, UserMessage
 from turnkeeper.sessions._poll import begin_poll, build_request, emit
 from turnkeeper.sessions._tool_runner import ToolRunner
-from turnkeeper.state import SessionState
+from turnkeeper.state import SessionState, awaiting_approval
 from turnkeeper.tools import coerce_call, handled_as_error
 
 
@@ -203,6 +203,8 @@ class HostActor(HostBase):
         """Run the calls the host answers itself, and resume once every call has a result.
         False when the remaining calls wait for results from outside."""
         state = session.state
+        if state.approvals and awaiting_approval(state):
+            return False  # No call of the reply runs before every one is decided.
         if state.spec.mcp_servers and session.mcp is None:
             session.mcp = await self._mcp.open(state.spec)
         returned = {result.tool_use_id for result in state.returned}
@@ -319,6 +321,8 @@ class HostActor(HostBase):
                 return
             self._count_events(events)
             local = [use for use in ended.pending if self._runs_here(session, ended, use)]
+            if ended.approvals and awaiting_approval(ended):
+                local = []  # None runs before every call awaiting approval is decided.
             for event in self._announce(session, ended, local):
                 envelope, ended = emit(ended, event, at=self.clock())
                 events.append(envelope)

@@ -38,7 +38,7 @@ from turnkeeper.sessions._host_records import (
 from turnkeeper.sessions._poll import emit
 from turnkeeper.sessions._slots import Slots
 from turnkeeper.sessions._step_timeout import STEP_TIMEOUT, check_step_timeout, timed_chat
-from turnkeeper.state import SessionState
+from turnkeeper.state import SessionState, awaiting_approval
 from turnkeeper.tools import MAX_TOOL_RESULT_CHARS, McpPool, Tools, as_handler
 from turnkeeper.tracing import AgentSpan, agent_span, traced_chat
 
@@ -336,6 +336,8 @@ class HostBase:
     def _outstanding(self, session: _Session) -> list[ToolUse]:
         """Pending calls without a result that the host will not answer itself."""
         state = session.state
+        if state.approvals and awaiting_approval(state):
+            return []  # None waits for a result before the calls are approved.
         returned = {result.tool_use_id for result in state.returned}
         return [
             use
@@ -352,6 +354,8 @@ class HostBase:
         if state.in_poll or state.status == "running":
             return "running"
         if state.status == "requires_action":
+            if state.approvals and awaiting_approval(state):
+                return "awaiting_approval"
             return "requires_action" if self._outstanding(session) else "running"
         if state.queued:
             return "running"
@@ -379,4 +383,5 @@ class HostBase:
             seq=state.seq,
             queued=len(state.queued),
             error=session.error if status in ("errored", "failed") else None,
+            awaiting=awaiting_approval(state) if status == "awaiting_approval" else (),
         )

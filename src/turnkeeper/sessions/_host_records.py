@@ -11,13 +11,14 @@ import msgspec
 
 from turnkeeper.core import ToolUse, TurnkeeperError, Usage
 from turnkeeper.events import ChatFailed, Envelope, Failed
-from turnkeeper.state import SessionState
+from turnkeeper.state import SessionState, denial
 from turnkeeper.tools import McpTools, check_call
 from turnkeeper.tracing import AgentSpan
 
 HostStatus = Literal[
     "running",
     "requires_action",
+    "awaiting_approval",
     "idle",
     "errored",
     "halted",
@@ -26,8 +27,9 @@ HostStatus = Literal[
     "unreadable",
 ]
 """running: working (or about to). requires_action: waits for tool results from outside.
-idle: the turn ended, waits for a message. errored: the model stayed unreachable after
-retries (`retry` or a new message resumes it). halted: a guard stopped it. failed: it
+awaiting_approval: tool calls wait for a decision (`Host.approve`) before any runs. idle:
+the turn ended, waits for a message. errored: the model stayed unreachable after retries
+(`retry` or a new message resumes it). halted: a guard stopped it. failed: it
 crashed too often. cancelled: cancelled from outside. unreadable: its events in the log
 cannot be rebuilt into a session (no events, a gap, a damaged row); the host leaves it
 alone (quarantined) and `error` says why."""
@@ -57,7 +59,8 @@ class HostStopped(TurnkeeperError):
 
 class SessionInfo(msgspec.Struct, frozen=True):
     """A session as the host sees it now. `pending` are the tool calls waiting for results
-    from outside; `text` is the model's last answer or why the session stopped."""
+    from outside; `awaiting` the calls waiting for approval (`Host.approve`); `text` is
+    the model's last answer or why the session stopped."""
 
     session_id: str
     status: HostStatus
@@ -70,6 +73,7 @@ class SessionInfo(msgspec.Struct, frozen=True):
     seq: int
     queued: int
     error: str | None
+    awaiting: tuple[ToolUse, ...] = ()
 
 
 class _Session:
@@ -129,7 +133,12 @@ class _Session:
         return None
 
     def refusal(self, state: SessionState, use: ToolUse) -> str | None:
-        """Why `use`, pending in `state`, must not run, or None; each call is checked once."""
+        """Why `use`, pending in `state`, must not run (it is a bad call, or its approval was
+        denied), or None; each call is checked once."""
+        if state.approvals:
+            denied = denial(state, use)
+            if denied is not None:
+                return denied
         pending, refusals = self.checked
         if pending is not state.pending:
             refusals = {}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
 from typing import Any
 
@@ -25,6 +25,7 @@ from turnkeeper.core import (
 )
 from turnkeeper.events import (
     AnyEvent,
+    ApprovalDecided,
     Envelope,
     Halted,
     McpFailed,
@@ -40,7 +41,7 @@ from turnkeeper.sessions._open import open_session
 from turnkeeper.sessions._poll import begin_poll, emit, opened_event, unanswered
 from turnkeeper.sessions._step_timeout import STEP_TIMEOUT, check_step_timeout, timed_chat
 from turnkeeper.sessions._tool_runner import ToolRunner
-from turnkeeper.state import SessionState
+from turnkeeper.state import SessionState, approval_request, awaiting_approval, denial
 from turnkeeper.tools import (
     MAX_TOOL_RESULT_CHARS,
     McpPool,
@@ -59,6 +60,10 @@ string halts the run with that message."""
 EventCallback = Callable[[Envelope], Any]
 """Called with each event as it happens; may be async. A timeout or cancel of the run waits
 for the events of a step to be all handed over, so what it records has no gap."""
+
+Approver = Callable[[ToolUse], bool | str | Awaitable[bool | str]]
+"""Called with each tool call awaiting approval, in call order; may be async. True approves
+it; False denies it, and a string denies it with that reason (the model is told)."""
 
 RUNNER = "runner"
 TURN_GUARD = "turn_guard"
@@ -126,6 +131,9 @@ class _RunCalls:
         self.mcp_tools = mcp_tools
 
     def refusal(self, use: ToolUse) -> str | None:
+        denied = denial(self.runner.state, use)
+        if denied is not None:
+            return denied
         mcp_tools = self.mcp_tools
         return check_call(self.spec, use) if mcp_tools is None else mcp_tools.refusal(use)
 
@@ -166,6 +174,7 @@ async def run(
     max_tool_result_chars: int = MAX_TOOL_RESULT_CHARS,
     clock: Callable[[], float] = time.time,
     mcp: McpPool | None = None,
+    approve: Approver | None = None,
 ) -> RunResult:
     """Run a session until the model answers, calls the terminal tool, a guard halts it,
     `max_turns` is spent, `timeout` seconds pass, or it needs tools it was not given.
@@ -184,6 +193,12 @@ async def run(
     `step_timeout` bounds each model call (300 s unless set; None: no bound): a call that
     takes longer fails as a chat error does, logged, and halts the run. A handler's result
     longer than `max_tool_result_chars` is cut, with a note the model reads saying so.
+    A tool's own `timeout` bounds its calls instead of `tool_timeout`.
+
+    Calls whose tool's `approval` wants it are each given to `approve` before any call
+    of their reply runs; a denied call is answered with a tool error saying so. Without
+    `approve`, the run stops at such calls (terminal `awaiting_approval`, the calls in
+    `tool_uses`); run again on its transcript with `approve` to go on.
     """
     config = guards if guards is not None else GuardConfig()
     if require_terminal_tool or max_reprompts != 2:
@@ -216,6 +231,12 @@ async def run(
             await runner.emit(opened_event(state))
             for failure in mcp_tools.events:
                 await runner.emit(failure)
+        asked = approval_request(runner.state)
+        if asked is not None:
+            # A transcript ending in calls that need approval.
+            if runner.state.seq == 0:
+                await runner.emit(opened_event(runner.state))
+            await runner.emit(asked)
         turns = 0
         turn: TurnResult | None = None
         next_input: Input | None
@@ -231,6 +252,8 @@ async def run(
         with anyio.move_on_after(timeout) as scope:
             while True:
                 if next_input is None:
+                    if not await _decide(runner, approve):
+                        break
                     if handler is None and (
                         mcp_tools is None or not all(mcp_tools.serves(u.name) for u in pending)
                     ):
@@ -295,6 +318,30 @@ async def run(
         return _result(runner, turn, turns)
 
 
+async def _decide(runner: _Runner, approve: Approver | None) -> bool:
+    """Ask `approve` about each call awaiting approval and log its decision; False if
+    calls await approval and there is no `approve` to ask."""
+    awaiting = awaiting_approval(runner.state)
+    if not awaiting:
+        return True
+    if approve is None:
+        return False
+    for use in awaiting:
+        decided = approve(use)
+        if inspect.isawaitable(decided):
+            decided = await decided
+        if isinstance(decided, str):
+            event = ApprovalDecided(tool_call_id=use.id, approved=False, reason=decided)
+        elif isinstance(decided, bool):
+            event = ApprovalDecided(tool_call_id=use.id, approved=decided)
+        else:
+            raise InputError(
+                f"approve: expected True, False or a reason for the denial, got {decided!r:.80}"
+            )
+        await runner.emit(event)
+    return True
+
+
 def _result(runner: _Runner, turn: TurnResult | None, turns: int) -> RunResult:
     state = runner.state
     text: str | None
@@ -313,6 +360,9 @@ def _result(runner: _Runner, turn: TurnResult | None, turns: int) -> RunResult:
             tool_uses = state.pending
         if terminal == "terminated" and not (text and text.strip()):
             text = with_last_result(state, f"The run ended ({reason}) without an answer.")
+    awaiting = awaiting_approval(state) if terminal == "requires_action" else ()
+    if awaiting:
+        terminal, reason, tool_uses = "awaiting_approval", "awaiting_approval", awaiting
     return RunResult(
         terminal=terminal,
         stop_reason=reason,

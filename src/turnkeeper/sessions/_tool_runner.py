@@ -35,8 +35,8 @@ class ToolCalls(Protocol):
 
 class ToolRunner:
     """Runs calls with `handler` (or on their MCP server), at most `limit` at a time and
-    started in call order, each within `timeout` seconds; a handler's result longer than
-    `max_chars` is cut, with a note saying so."""
+    started in call order, each within its tool's `timeout` seconds, else `timeout`; a
+    handler's result longer than `max_chars` is cut, with a note saying so."""
 
     def __init__(
         self, handler: ToolHandler | None, *, timeout: float | None, limit: int, max_chars: int
@@ -59,7 +59,6 @@ class ToolRunner:
         calls are answered without running."""
         results: dict[str, ToolResult] = {}
         handler = self.handler
-        timeout = self.timeout
 
         async def one(use: ToolUse) -> None:
             refusal = calls.refusal(use)
@@ -70,7 +69,9 @@ class ToolRunner:
             use = await calls.starting(use)
             ctx = ToolContext(session_id, use.id, use.name)
             failure: McpFailed | None = None
-            with tool_span(use, spec.tool(use.name)) as span:
+            tool = spec.tool(use.name)
+            timeout = self.timeout if tool is None or tool.timeout is None else tool.timeout
+            with tool_span(use, tool) as span:
                 if mcp is not None and mcp.serves(use.name):
                     result, failure = await mcp.call(use, ctx, timeout=timeout)
                     if failure is not None:

@@ -1,5 +1,6 @@
 """State: SessionState, the pure fold that advances it by one event, and replay."""
 
+from turnkeeper.state._approvals import approval_request, awaiting_approval, denial
 from turnkeeper.state._replay import replay
 from turnkeeper.state._results import results_of, results_received, whole_results
 from turnkeeper.state._state import SessionState, Status, apply_event, fold, initial_state
@@ -8,6 +9,9 @@ __all__ = [
     "SessionState",
     "Status",
     "apply_event",
+    "approval_request",
+    "awaiting_approval",
+    "denial",
     "fold",
     "initial_state",
     "replay",

@@ -36,6 +36,8 @@ from turnkeeper.core import (
 from turnkeeper.events import (
     AnsweredAfterStop,
     AnswerRequested,
+    ApprovalDecided,
+    ApprovalRequested,
     Cancelled,
     DirectiveInjected,
     DuplicateToolCall,
@@ -73,6 +75,8 @@ class SessionState(msgspec.Struct, frozen=True, gc=False):
     `queued` holds the messages accepted while the session was busy, oldest first.
     `called` holds the ids of the pending calls (of the model's last reply) whose
     `local.tool_call` is logged: one without a result may have run already.
+    `approvals` holds the calls of the last reply whose approval was asked for, each with
+    its decision (None while it awaits one).
 
     Not tracked by the cycle collector (`gc=False`): it holds only data, which cannot
     point back at it. A Host of 10,000 sessions makes one per event, and each would be
@@ -93,6 +97,7 @@ class SessionState(msgspec.Struct, frozen=True, gc=False):
     error_counts: dict[str, int] = {}
     pending: tuple[ToolUse, ...] = ()
     called: frozenset[str] = frozenset()
+    approvals: dict[str, ApprovalDecided | None] = {}
     usage: Usage = Usage()
     episode_usage: Usage = Usage()
     episode_started: float | None = None
@@ -348,6 +353,7 @@ def _apply_message(state: SessionState, event: Any, envelope: Envelope) -> Sessi
         pending=(),
         episode_usage=Usage(),
         episode_started=envelope.at,
+        approvals={},
         answers={},
         texts=frozenset(),
         repeats=0,
@@ -467,6 +473,20 @@ def _apply_called(state: SessionState, event: Any, envelope: Envelope) -> Sessio
     return _replace(state, seq=envelope.seq)
 
 
+def _apply_approval_requested(state: SessionState, event: Any, envelope: Envelope) -> SessionState:
+    pending = {use.id for use in state.pending}
+    asked = [call_id for call_id in event.tool_call_ids if call_id in pending]
+    approvals = {**state.approvals, **dict.fromkeys(asked)}
+    return _replace(state, seq=envelope.seq, approvals=approvals)
+
+
+def _apply_approval_decided(state: SessionState, event: Any, envelope: Envelope) -> SessionState:
+    call_id = event.tool_call_id
+    if call_id not in state.approvals or state.approvals[call_id] is not None:
+        return _replace(state, seq=envelope.seq)
+    return _replace(state, seq=envelope.seq, approvals={**state.approvals, call_id: event})
+
+
 def _apply_failed(state: SessionState, event: Any, envelope: Envelope) -> SessionState:
     return _replace(state, seq=envelope.seq, status="failed", in_poll=False, stop_reason="failed")
 
@@ -519,6 +539,7 @@ def _apply_response(state: SessionState, event: Any, envelope: Envelope) -> Sess
         last_repeat=last_repeat,
         pending=uses,
         called=frozenset(),
+        approvals={},
         usage=state.usage + event.usage,
         episode_usage=state.episode_usage + event.usage,
         last_unreadable=logged_unreadable(event.response),
@@ -694,6 +715,8 @@ _RULES: dict[type, _Rule] = {
     Cancelled: _apply_cancel,
     ToolCalled: _apply_called,
     ToolReturned: _apply_returned,
+    ApprovalRequested: _apply_approval_requested,
+    ApprovalDecided: _apply_approval_decided,
     Failed: _apply_failed,
     SessionOpened: _apply_opened,
 }
@@ -796,7 +819,8 @@ class _Trip:
             uses = decode_tool_uses(event.message)
         except TypeError:
             return False
-        if not uses:
+        if not uses or self.state.approvals:
+            # A reply after approvals were asked for: the rule clears them.
             return False
         self.history.append(event.message)
         self.polls += 1

@@ -19,6 +19,7 @@ import {
 const STATUSES = [
   "running",
   "requires_action",
+  "awaiting_approval",
   "idle",
   "errored",
   "halted",

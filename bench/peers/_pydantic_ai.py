@@ -59,13 +59,15 @@ class PydanticAI:
 
     def __init__(self) -> None:
         model = FunctionModel(scripted)
-        self.agent = Agent(model, system_prompt=SYSTEM_PROMPT, tools=[Tool(fetch, name=TOOL_NAME)])
-        self.sync_agent = Agent(model, system_prompt=SYSTEM_PROMPT, tools=[Tool(fetch_sync, name=TOOL_NAME)])
+        self.agents = {
+            sync_tool: Agent(model, system_prompt=SYSTEM_PROMPT, tools=[Tool(tool, name=TOOL_NAME)])
+            for sync_tool, tool in ((False, fetch), (True, fetch_sync))
+        }
 
     async def session(
         self, prompt: str, max_turns: int | None, *, sync_tool: bool = False
     ) -> Ended:
-        agent = self.sync_agent if sync_tool else self.agent
+        agent = self.agents[sync_tool]
         limits = None if max_turns is None else UsageLimits(request_limit=max_turns)
         result = await agent.run(prompt, usage_limits=limits)
         return Ended(result.output, "final output")

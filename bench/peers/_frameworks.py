@@ -11,6 +11,7 @@ FRAMEWORKS: dict[str, tuple[str, frozenset[str]]] = {
     "openai-agents": ("_openai_agents", frozenset({"agents", "openai"})),
     "pydantic-ai": ("_pydantic_ai", frozenset({"pydantic_ai", "pydantic"})),
     "langgraph": ("_langgraph", frozenset({"langgraph", "langchain_core"})),
+    "langchain": ("_langchain", frozenset({"langchain", "langgraph", "langchain_core"})),
 }
 """Each framework's adapter module and the packages it needs."""
 

@@ -1,96 +1,32 @@
-"""The task on LangGraph's prebuilt ReAct agent (`create_react_agent`), driven by a fake
-chat model that supports tool calling the way provider chat models do (`bind_tools`)."""
+"""The task on LangGraph's prebuilt ReAct agent (`create_react_agent`), driven by the
+scripted LangChain chat model of _langchain_model.py."""
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterator, Sequence
 from importlib.metadata import version
 from typing import Any
 
-from _task import (
-    COMPLETION_TOKENS,
-    PROMPT_TOKENS,
-    SYSTEM_PROMPT,
-    TOOL_NAME,
-    Call,
-    Ended,
-    fetch,
-    next_move,
-    scripted_model,
-)
+from _langchain_model import ScriptedChatModel
+from _task import SYSTEM_PROMPT, TOOL_NAME, Ended, fetch, fetch_sync
 
 # The `bench` extra installs these; without it, mypy sees them as Any (hence the ignores).
-from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun  # type: ignore[import-not-found, unused-ignore]
-from langchain_core.language_models import BaseChatModel, LanguageModelInput  # type: ignore[import-not-found, unused-ignore]
-from langchain_core.messages import AIMessage, BaseMessage, ToolMessage  # type: ignore[import-not-found, unused-ignore]
-from langchain_core.outputs import ChatGeneration, ChatResult  # type: ignore[import-not-found, unused-ignore]
-from langchain_core.runnables import Runnable, RunnableConfig  # type: ignore[import-not-found, unused-ignore]
-from langchain_core.tools import BaseTool, StructuredTool  # type: ignore[import-not-found, unused-ignore]
-from langchain_core.utils.function_calling import convert_to_openai_tool  # type: ignore[import-not-found, unused-ignore]
+from langchain_core.runnables import RunnableConfig  # type: ignore[import-not-found, unused-ignore]
+from langchain_core.tools import StructuredTool  # type: ignore[import-not-found, unused-ignore]
 from langgraph.prebuilt import create_react_agent  # type: ignore[import-not-found, unused-ignore]
 
-USAGE = {
-    "input_tokens": PROMPT_TOKENS,
-    "output_tokens": COMPLETION_TOKENS,
-    "total_tokens": PROMPT_TOKENS + COMPLETION_TOKENS,
-}
+
+def recursion_config(max_turns: int | None) -> RunnableConfig | None:
+    """The graph-step limit that allows `max_turns` model calls (None: the default): a
+    model call and its tool calls are two graph steps, the answer one more."""
+    return None if max_turns is None else {"recursion_limit": 2 * max_turns + 1}
 
 
-def _returned(messages: Sequence[BaseMessage]) -> Iterator[str]:
-    for message in messages:
-        if isinstance(message, ToolMessage) and isinstance(message.content, str):
-            yield message.content
-
-
-def _reply(messages: list[BaseMessage]) -> ChatResult:
-    last = messages[-1]
-    move = next_move(
-        last.content if isinstance(last, ToolMessage) and isinstance(last.content, str) else None,
-        lambda: _returned(messages),
-    )
-    if isinstance(move, Call):
-        call = {"name": TOOL_NAME, "args": {"i": move.index}, "id": move.call_id}
-        message = AIMessage(content="", tool_calls=[call], usage_metadata=USAGE)
-    else:
-        message = AIMessage(content=move, usage_metadata=USAGE)
-    return ChatResult(generations=[ChatGeneration(message=message)])
-
-
-class ScriptedChatModel(BaseChatModel):  # type: ignore[misc, unused-ignore]
-    """The scripted model as a LangChain chat model."""
-
-    @property
-    def _llm_type(self) -> str:
-        return "scripted"
-
-    def _generate(
-        self,
-        messages: list[BaseMessage],
-        stop: list[str] | None = None,
-        run_manager: CallbackManagerForLLMRun | None = None,
-        **kwargs: Any,
-    ) -> ChatResult:
-        return _reply(messages)
-
-    @scripted_model
-    async def _agenerate(
-        self,
-        messages: list[BaseMessage],
-        stop: list[str] | None = None,
-        run_manager: AsyncCallbackManagerForLLMRun | None = None,
-        **kwargs: Any,
-    ) -> ChatResult:
-        return _reply(messages)
-
-    def bind_tools(
-        self,
-        tools: Sequence[dict[str, Any] | type | Callable[..., Any] | BaseTool],
-        *,
-        tool_choice: str | None = None,
-        **kwargs: Any,
-    ) -> Runnable[LanguageModelInput, AIMessage]:
-        return self.bind(tools=[convert_to_openai_tool(tool) for tool in tools], **kwargs)
+def tools(sync_tool: bool) -> list[StructuredTool]:
+    """The `fetch` tool as a LangChain tool: the async function, or the plain one."""
+    if sync_tool:
+        return [StructuredTool.from_function(func=fetch_sync, name=TOOL_NAME)]
+    return [StructuredTool.from_function(coroutine=fetch, name=TOOL_NAME)]
 
 
 class LangGraph:
@@ -98,19 +34,22 @@ class LangGraph:
     version = version("langgraph")
 
     def __init__(self) -> None:
-        tool = StructuredTool.from_function(coroutine=fetch, name=TOOL_NAME)
         # create_react_agent is the prebuilt ReAct agent this benchmark compares; LangGraph
-        # 1.x marks it as moved to `langchain.agents`, which is a separate package.
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            self.graph = create_react_agent(ScriptedChatModel(), [tool], prompt=SYSTEM_PROMPT)
+        # 1.x marks it as moved to `langchain.agents` (the langchain adapter runs that).
+        def build(sync_tool: bool) -> Any:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                return create_react_agent(
+                    ScriptedChatModel(), tools(sync_tool), prompt=SYSTEM_PROMPT
+                )
 
-    async def session(self, prompt: str, max_turns: int | None) -> Ended:
-        # A model call and its tool calls are two graph steps, the answer one more.
-        config: RunnableConfig | None = None
-        if max_turns is not None:
-            config = {"recursion_limit": 2 * max_turns + 1}
-        state = await self.graph.ainvoke({"messages": [("user", prompt)]}, config)
+        self.graphs: dict[bool, Any] = {False: build(False), True: build(True)}
+
+    async def session(
+        self, prompt: str, max_turns: int | None, *, sync_tool: bool = False
+    ) -> Ended:
+        graph = self.graphs[sync_tool]
+        state = await graph.ainvoke({"messages": [("user", prompt)]}, recursion_config(max_turns))
         return Ended(str(state["messages"][-1].content), "final output")
 
 

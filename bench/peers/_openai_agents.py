@@ -6,7 +6,7 @@ on, and no API key, each run still builds its spans and then drops them).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from importlib.metadata import version
 from typing import Any
 
@@ -19,6 +19,7 @@ from _task import (
     Ended,
     arguments_json,
     fetch,
+    fetch_sync,
     next_move,
     scripted_model,
 )
@@ -116,24 +117,32 @@ class ScriptedModel(Model):  # type: ignore[misc, unused-ignore]
         raise NotImplementedError("the benchmark runs the agent without streaming")
 
 
+def _agent(tool: Callable[[int], Any]) -> Agent[Any]:
+    return Agent(
+        name="adder",
+        instructions=SYSTEM_PROMPT,
+        tools=[function_tool(tool, name_override=TOOL_NAME)],
+        model=ScriptedModel(),
+    )
+
+
 class OpenAIAgents:
     name = "openai-agents"
     version = version("openai-agents")
 
     def __init__(self) -> None:
         set_tracing_disabled(True)
-        self.agent: Agent[Any] = Agent(
-            name="adder",
-            instructions=SYSTEM_PROMPT,
-            tools=[function_tool(fetch)],
-            model=ScriptedModel(),
-        )
+        self.agent = _agent(fetch)
+        self.sync_agent = _agent(fetch_sync)
 
-    async def session(self, prompt: str, max_turns: int | None) -> Ended:
+    async def session(
+        self, prompt: str, max_turns: int | None, *, sync_tool: bool = False
+    ) -> Ended:
+        agent = self.sync_agent if sync_tool else self.agent
         if max_turns is None:
-            result = await Runner.run(self.agent, prompt)
+            result = await Runner.run(agent, prompt)
         else:
-            result = await Runner.run(self.agent, prompt, max_turns=max_turns)
+            result = await Runner.run(agent, prompt, max_turns=max_turns)
         return Ended(str(result.final_output), "final output")
 
 

@@ -14,6 +14,7 @@ from _task import (
     Ended,
     arguments_json,
     fetch,
+    fetch_sync,
     next_move,
     scripted_model,
 )
@@ -57,13 +58,18 @@ class PydanticAI:
     version = version("pydantic-ai-slim")
 
     def __init__(self) -> None:
-        self.agent = Agent(
-            FunctionModel(scripted), system_prompt=SYSTEM_PROMPT, tools=[Tool(fetch)]
-        )
+        model = FunctionModel(scripted)
+        self.agents = {
+            sync_tool: Agent(model, system_prompt=SYSTEM_PROMPT, tools=[Tool(tool, name=TOOL_NAME)])
+            for sync_tool, tool in ((False, fetch), (True, fetch_sync))
+        }
 
-    async def session(self, prompt: str, max_turns: int | None) -> Ended:
+    async def session(
+        self, prompt: str, max_turns: int | None, *, sync_tool: bool = False
+    ) -> Ended:
+        agent = self.agents[sync_tool]
         limits = None if max_turns is None else UsageLimits(request_limit=max_turns)
-        result = await self.agent.run(prompt, usage_limits=limits)
+        result = await agent.run(prompt, usage_limits=limits)
         return Ended(result.output, "final output")
 
 

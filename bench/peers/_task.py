@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import threading
 import time
 from collections.abc import Callable, Coroutine, Iterable
 from contextvars import ContextVar
@@ -97,7 +98,8 @@ class Session:
 
     `loop_cap` set: the model repeats `fetch(i=0)` forever, and raises CapReached past
     `loop_cap` calls. `parking` set: the tool call at index `park_at` waits there.
-    `model_ns` is the time spent inside the scripted model, to show it is negligible.
+    `model_ns` is the time spent inside the scripted model, to show it is negligible;
+    `calls_in_threads` counts the tool calls run outside the main thread.
     """
 
     round_trips: int
@@ -107,6 +109,7 @@ class Session:
     model_calls: int = 0
     model_ns: int = 0
     calls: list[int] = field(default_factory=list)
+    calls_in_threads: int = 0
 
 
 CURRENT: ContextVar[Session] = ContextVar("CURRENT")
@@ -181,6 +184,18 @@ async def fetch(i: int) -> str:
     return result_text(i)
 
 
+def fetch_sync(i: int) -> str:
+    """Fetch the value stored at an index.
+
+    Args:
+        i: The index to fetch.
+    """
+    session = CURRENT.get()
+    session.calls.append(i)
+    session.calls_in_threads += threading.current_thread() is not threading.main_thread()
+    return result_text(i)
+
+
 @dataclass(frozen=True)
 class Ended:
     """How a session ended: its final text and, in words, what stopped it."""
@@ -192,12 +207,18 @@ class Ended:
 class Adapter(Protocol):
     """One framework running the task: `session` runs the agent on `prompt` to its end,
     with the scripted model and the `fetch` tool, in the current `Session`'s context,
-    allowing at most `max_turns` model calls (None: the framework's default limit)."""
+    allowing at most `max_turns` model calls (None: the framework's default limit).
+
+    With `sync_tool`, the tool is `fetch_sync`, a plain function, run the way the
+    framework runs one by default (each peer hands it to a worker thread, so the
+    turnkeeper adapter does too: a plain function may block)."""
 
     name: str
     version: str
 
-    async def session(self, prompt: str, max_turns: int | None) -> Ended: ...
+    async def session(
+        self, prompt: str, max_turns: int | None, *, sync_tool: bool = False
+    ) -> Ended: ...
 
 
 class WrongWork(Exception):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from importlib.metadata import version
 from typing import Any
 
+import anyio.to_thread
 from _task import (
     COMPLETION_TOKENS,
     PROMPT_TOKENS,
@@ -16,6 +17,7 @@ from _task import (
     Ended,
     arguments_json,
     fetch,
+    fetch_sync,
     next_move,
     scripted_model,
 )
@@ -26,6 +28,15 @@ SPEC = AgentSpec(
     system_prompt=SYSTEM_PROMPT, tools=(ToolSpec(TOOL_NAME, TOOL_DESCRIPTION, TOOL_SCHEMA),)
 )
 TOOLS = {TOOL_NAME: fetch}
+
+
+async def fetch_in_thread(i: int) -> str:
+    """`fetch_sync` in a worker thread, as each peer runs a plain-function tool: run()
+    takes async tools only, so this is how its user hands it a function that may block."""
+    return await anyio.to_thread.run_sync(fetch_sync, i)
+
+
+SYNC_TOOLS = {TOOL_NAME: fetch_in_thread}
 USAGE = {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": COMPLETION_TOKENS}
 
 
@@ -56,11 +67,14 @@ class Turnkeeper:
     name = "turnkeeper"
     version = version("turnkeeper")
 
-    async def session(self, prompt: str, max_turns: int | None) -> Ended:
+    async def session(
+        self, prompt: str, max_turns: int | None, *, sync_tool: bool = False
+    ) -> Ended:
+        tools = SYNC_TOOLS if sync_tool else TOOLS
         if max_turns is None:
-            result = await run(SPEC, prompt, scripted_chat, tools=TOOLS)
+            result = await run(SPEC, prompt, scripted_chat, tools=tools)
         else:
-            result = await run(SPEC, prompt, scripted_chat, tools=TOOLS, max_turns=max_turns)
+            result = await run(SPEC, prompt, scripted_chat, tools=tools, max_turns=max_turns)
         return Ended(result.text or "", f"stop_reason={result.stop_reason}")
 
 

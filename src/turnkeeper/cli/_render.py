@@ -18,6 +18,7 @@ from turnkeeper.events import (
     DuplicateToolCall,
     Envelope,
     Failed,
+    Forked,
     Halted,
     McpFailed,
     MessageQueued,
@@ -88,6 +89,8 @@ def step_line(envelope: Envelope) -> str | None:
         return f"guard {event.guard}: {gist(event.text)}"
     if isinstance(event, ModelResponded):
         usage = f"[{event.usage.prompt_tokens}+{event.usage.completion_tokens} tokens]"
+        if event.usage.cost is not None:
+            usage = f"{usage[:-1]}, cost {event.usage.cost}]"
         if event.message.get("tool_calls"):
             return f"model: calls {gist(_calls(event.message))} {usage}"
         said = gist(text_of(event.message)) or "(no text)"
@@ -126,6 +129,8 @@ def step_line(envelope: Envelope) -> str | None:
         return f"cancelled: {gist(event.reason)}"
     if isinstance(event, Failed):
         return f"failed: {gist(event.error)}"
+    if isinstance(event, Forked):
+        return f"forked from session {event.origin} at seq {event.at_seq}"
     assert_type(event, ToolResultsReceived)  # every other kind has its line above
     return None
 
@@ -182,6 +187,7 @@ def outcome_lines(state: SessionState) -> Iterator[str]:
     yield (
         f"outcome: {state.status}{reason} after {_count(state.polls, 'model call')} this "
         f"episode; {usage.prompt_tokens} prompt + {usage.completion_tokens} completion tokens"
+        + ("" if usage.cost is None else f", cost {usage.cost}")
     )
     if state.pending:
         yield f"waiting for tool results: {', '.join(use.name for use in state.pending)}"

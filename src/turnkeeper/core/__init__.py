@@ -26,6 +26,7 @@ from turnkeeper.core._guard_config import (
     FINAL_TURN_LEAD,
     Budget,
     ConsecutiveErrors,
+    CostBudget,
     DuplicateCalls,
     FinalTurn,
     GuardConfig,
@@ -55,6 +56,7 @@ from turnkeeper.core._messages import (
     tool_message,
     tool_uses_of,
 )
+from turnkeeper.core._pricing import Pricing, add_costs, exact_amount
 from turnkeeper.core._text import encodes, loggable
 from turnkeeper.core._types import (
     AgentSpec,
@@ -77,6 +79,7 @@ __all__ = [
     "Chat",
     "ChatError",
     "ConsecutiveErrors",
+    "CostBudget",
     "DuplicateCalls",
     "FinalTurn",
     "GuardConfig",
@@ -87,6 +90,7 @@ __all__ = [
     "MaxTurns",
     "McpServer",
     "Message",
+    "Pricing",
     "Repair",
     "ReplayError",
     "SelfFeeding",
@@ -99,6 +103,7 @@ __all__ = [
     "TurnkeeperError",
     "UnloggableEvent",
     "Usage",
+    "add_costs",
     "call_key",
     "call_problem",
     "check_count",
@@ -114,6 +119,7 @@ __all__ = [
     "duplicate_content",
     "encodes",
     "error_content",
+    "exact_amount",
     "gc_paused",
     "gist",
     "is_unreadable",

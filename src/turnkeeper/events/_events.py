@@ -219,6 +219,16 @@ class Cancelled(Event, frozen=True, tag="local.cancelled"):
     reason: str
 
 
+class Forked(Event, frozen=True, tag="local.forked"):
+    """This session began as a fork of session `origin`: the events before this one are
+    the first `at_seq` of `origin`'s, as they were logged there (under this session's id).
+    From here on it runs on its own: its calls are its own (none of the origin's counts as
+    run here), and an open episode's wall clock starts again now."""
+
+    origin: str
+    at_seq: int
+
+
 class Failed(Event, frozen=True, tag="local.failed"):
     """The session crashed too often and was given up."""
 
@@ -245,6 +255,7 @@ AnyEvent = (
     | AnsweredAfterStop
     | TerminalToolCalled
     | Cancelled
+    | Forked
     | Failed
 )
 

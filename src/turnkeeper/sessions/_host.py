@@ -32,6 +32,7 @@ from turnkeeper.core import (
 from turnkeeper.events import AnyEvent, Cancelled, Envelope, MessageQueued, ToolReturned
 from turnkeeper.logs import LARGEST_SEQ, SeqConflict, check_batch
 from turnkeeper.sessions._host_actor import HostActor
+from turnkeeper.sessions._host_fork import HostForks
 from turnkeeper.sessions._host_records import (
     Busy,
     HostStopped,
@@ -52,7 +53,7 @@ from turnkeeper.state import SessionState
 from turnkeeper.tracing import capture_context
 
 
-class Host(HostActor, HostRecovery, HostResting):
+class Host(HostActor, HostRecovery, HostResting, HostForks):
     """Runs many sessions in one process: `async with Host(chat=...) as host`.
 
     Each session with work to do is a task in the host's task group (one at rest holds

@@ -7,6 +7,7 @@ folding a session's log reproduces its live state exactly.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from decimal import Decimal
 from typing import Any, Literal
 
 import msgspec
@@ -21,6 +22,7 @@ from turnkeeper.core import (
     ToolResult,
     ToolUse,
     Usage,
+    add_costs,
     call_key,
     decode_tool_uses,
     digest,
@@ -41,6 +43,7 @@ from turnkeeper.events import (
     DuplicateToolCall,
     Envelope,
     Failed,
+    Forked,
     Halted,
     MessageQueued,
     MessageReceived,
@@ -471,6 +474,17 @@ def _apply_failed(state: SessionState, event: Any, envelope: Envelope) -> Sessio
     return _replace(state, seq=envelope.seq, status="failed", in_poll=False, stop_reason="failed")
 
 
+def _apply_forked(state: SessionState, event: Any, envelope: Envelope) -> SessionState:
+    # The origin's calls ran (if at all) under the origin's id: none has run here yet.
+    started = state.episode_started
+    return _replace(
+        state,
+        seq=envelope.seq,
+        called=frozenset(),
+        episode_started=None if started is None else envelope.at,
+    )
+
+
 def _apply_opened(state: SessionState, event: Any, envelope: Envelope) -> SessionState:
     if envelope.seq != 1:
         raise ReplayError(
@@ -696,6 +710,7 @@ _RULES: dict[type, _Rule] = {
     ToolReturned: _apply_returned,
     Failed: _apply_failed,
     SessionOpened: _apply_opened,
+    Forked: _apply_forked,
 }
 """How each kind of event changes a state; the others change only its seq."""
 
@@ -715,6 +730,7 @@ class _Trip:
         "called",
         "closable",
         "completion_tokens",
+        "cost",
         "history",
         "in_poll",
         "last_failure",
@@ -740,6 +756,7 @@ class _Trip:
         self.reply_calls = state.reply_calls
         self.prompt_tokens = 0
         self.completion_tokens = 0
+        self.cost: Decimal | None = None
         self.last_response: msgspec.Raw | None = None
         self.last_failure = state.last_failure
         self.status = state.status
@@ -765,9 +782,15 @@ class _Trip:
             pending=self.pending,
             called=frozenset(self.called),
             reply_calls=self.reply_calls,
-            usage=Usage(usage.prompt_tokens + prompt, usage.completion_tokens + completion),
+            usage=Usage(
+                usage.prompt_tokens + prompt,
+                usage.completion_tokens + completion,
+                add_costs(usage.cost, self.cost),
+            ),
             episode_usage=Usage(
-                episode.prompt_tokens + prompt, episode.completion_tokens + completion
+                episode.prompt_tokens + prompt,
+                episode.completion_tokens + completion,
+                add_costs(episode.cost, self.cost),
             ),
             last_unreadable=state.last_unreadable
             if self.last_response is None
@@ -808,6 +831,8 @@ class _Trip:
         usage = event.usage
         self.prompt_tokens += usage.prompt_tokens
         self.completion_tokens += usage.completion_tokens
+        if usage.cost is not None:
+            self.cost = add_costs(self.cost, usage.cost)
         self.last_response = event.response
         self.status = "requires_action"
         self.in_poll = False

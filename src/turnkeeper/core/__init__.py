@@ -56,7 +56,7 @@ from turnkeeper.core._messages import (
     tool_message,
     tool_uses_of,
 )
-from turnkeeper.core._pricing import Pricing, add_costs, exact_amount
+from turnkeeper.core._pricing import MAX_AMOUNT, MAX_DECIMALS, Pricing, add_costs, exact_amount
 from turnkeeper.core._text import encodes, loggable
 from turnkeeper.core._types import (
     AgentSpec,
@@ -72,7 +72,9 @@ from turnkeeper.core._types import (
 
 __all__ = [
     "FINAL_TURN_LEAD",
+    "MAX_AMOUNT",
     "MAX_ARGUMENT_DEPTH",
+    "MAX_DECIMALS",
     "MAX_JSON_DEPTH",
     "AgentSpec",
     "Budget",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import decimal
 import math
 from decimal import Decimal
+from typing import overload
 
 import msgspec
 
@@ -64,6 +65,10 @@ def exact_amount(value: object, where: str = "amount", *, positive: bool = False
     return exact
 
 
+@overload
+def add_costs(first: Decimal, second: Decimal | None) -> Decimal: ...
+@overload
+def add_costs(first: Decimal | None, second: Decimal | None) -> Decimal | None: ...
 def add_costs(first: Decimal | None, second: Decimal | None) -> Decimal | None:
     """The exact sum of two costs; None (no price known) only when both are."""
     if second is None:

@@ -475,13 +475,11 @@ def _apply_failed(state: SessionState, event: Any, envelope: Envelope) -> Sessio
 
 
 def _apply_forked(state: SessionState, event: Any, envelope: Envelope) -> SessionState:
-    # The origin's calls ran (if at all) under the origin's id: none has run here yet.
+    # The fork goes on later than its origin stopped at `at_seq`: an open episode's wall
+    # clock (the budget guard's) starts again, not counting the time in between.
     started = state.episode_started
     return _replace(
-        state,
-        seq=envelope.seq,
-        called=frozenset(),
-        episode_started=None if started is None else envelope.at,
+        state, seq=envelope.seq, episode_started=None if started is None else envelope.at
     )
 
 

@@ -56,7 +56,9 @@ def exact_amount(value: object, where: str = "amount", *, positive: bool = False
         raise InputError(f"{where}: expected a number, got {value!r:.80}")
     least = "more than 0" if positive else "from 0"
     if not (math.isfinite(value) and 0 <= value <= MAX_AMOUNT) or (positive and value == 0):
-        raise InputError(f"{where}: expected a number {least} to {MAX_AMOUNT:g}, got {value!r:.80}")
+        raise InputError(
+            f"{where}: expected a number {least} to {MAX_AMOUNT:,.0f}, got {value!r:.80}"
+        )
     # repr: the shortest decimal that reads back as this float, which is what JSON holds.
     exact = Decimal(repr(value)) if isinstance(value, float) else Decimal(value)
     exponent = exact.as_tuple().exponent

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from tests.sessions.host_worker import (
@@ -22,8 +23,15 @@ from tests.sessions.host_worker import (
     step_text,
     stepper,
 )
-from turnkeeper.core import AgentSpec, InputError, ToolResult, ToolSpec
-from turnkeeper.events import Envelope, Forked, ToolCalled
+from turnkeeper.core import AgentSpec, InputError, ToolResult, ToolSpec, Usage
+from turnkeeper.events import (
+    Envelope,
+    Forked,
+    MessageReceived,
+    ModelResponded,
+    ToolCalled,
+    ToolMayHaveRun,
+)
 from turnkeeper.logs import MemoryLog, SqliteLog
 from turnkeeper.providers import text_response, tool_response
 from turnkeeper.sessions import (
@@ -236,3 +244,27 @@ def test_fork_events_is_pure_and_numbers_the_fork_after_the_prefix() -> None:
     assert state.session_id == "t"
     generated, _ = fork_events([opened], 1, at=5.0)
     assert generated[0].session_id.startswith("local_")
+
+
+def test_a_fork_point_between_a_mark_and_its_call_is_refused() -> None:
+    message = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "step", "arguments": "{}"}}
+        ],
+    }
+    events: list[Any] = [
+        opened_event(open_session(SPEC)),
+        MessageReceived("go"),
+        ModelResponded(msgspec.Raw(b"{}"), message, "tool_calls", Usage(1, 1)),
+        ToolCalled("c1", "step", {}),
+        ToolMayHaveRun("c1", "step"),
+        ToolCalled("c1", "step", {}),
+    ]
+    log = [Envelope("s", seq, 0.0, event) for seq, event in enumerate(events, 1)]
+    with pytest.raises(InputError, match="seq 5 of session s marks a call about to run again"):
+        fork_events(log, 5, "t", at=1.0)
+    forked, state = fork_events(log, 6, "t", at=1.0)
+    assert state.called == frozenset({"c1"})
+    assert [e.seq for e in forked] == [1, 2, 3, 4, 5, 6, 7]

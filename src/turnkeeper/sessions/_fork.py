@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import msgspec
 
 from turnkeeper.core import InputError
-from turnkeeper.events import Envelope, Forked
+from turnkeeper.events import Envelope, Forked, ToolMayHaveRun
 from turnkeeper.sessions._open import new_session_id
 from turnkeeper.sessions._recheck import by_guards
 from turnkeeper.state import SessionState, apply_event, replay
@@ -24,8 +24,9 @@ def fork_events(
     `local.forked` naming the origin and `at_seq`; and the state they lead to.
 
     InputError, naming `at_seq`, when it is not a seq of the session, when it cuts a step
-    short (the guard events logged with the step at `at_seq` follow it), or when the
-    session is cancelled or failed there (a fork of it would take no messages)."""
+    short (the guard events logged with the step at `at_seq` follow it, or it is the mark
+    of a call about to run again, logged with the call), or when the session is cancelled
+    or failed there (a fork of it would take no messages)."""
     if not events:
         raise InputError("fork: the origin session has no events")
     origin = events[0].session_id
@@ -41,6 +42,11 @@ def fork_events(
         raise InputError(f"new_id: expected a non-empty string, got {new_id!r:.80}")
     if new_id == origin:
         raise InputError(f"new_id: {new_id} is the origin session itself")
+    if isinstance(events[at_seq - 1].event, ToolMayHaveRun):
+        raise InputError(
+            f"at_seq: seq {at_seq} of session {origin} marks a call about to run again, "
+            f"logged with the call: fork at seq {at_seq - 1} or {at_seq + 1}"
+        )
     if at_seq < len(events) and by_guards(events[at_seq].event):
         step = at_seq
         while step > 1 and by_guards(events[step - 1].event):

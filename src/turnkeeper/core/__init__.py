@@ -56,7 +56,14 @@ from turnkeeper.core._messages import (
     tool_message,
     tool_uses_of,
 )
-from turnkeeper.core._pricing import MAX_AMOUNT, MAX_DECIMALS, Pricing, add_costs, exact_amount
+from turnkeeper.core._pricing import (
+    MAX_AMOUNT,
+    MAX_DECIMALS,
+    Pricing,
+    add_costs,
+    as_decimal,
+    exact_amount,
+)
 from turnkeeper.core._text import encodes, loggable
 from turnkeeper.core._types import (
     AgentSpec,
@@ -106,6 +113,7 @@ __all__ = [
     "UnloggableEvent",
     "Usage",
     "add_costs",
+    "as_decimal",
     "call_key",
     "call_problem",
     "check_count",

@@ -11,7 +11,7 @@ import msgspec
 
 from turnkeeper.core._checks import check_count, check_seconds
 from turnkeeper.core._errors import InputError
-from turnkeeper.core._pricing import exact_amount
+from turnkeeper.core._pricing import check_limit
 
 FINAL_TURN_LEAD = "This is your last turn."
 """How the final-turn directive starts; backends that constrain the last reply look for it."""
@@ -96,7 +96,8 @@ class Budget(msgspec.Struct, frozen=True):
 class CostBudget(msgspec.Struct, frozen=True):
     """Limits on what the model calls cost, by the spec's `pricing` (a session without one
     is never stopped by it): `max_cost` per episode, `max_session_cost` over the session's
-    life (numbers > 0, in the pricing's currency), compared exactly with the logged costs.
+    life (finite numbers > 0, in the pricing's currency), compared exactly with the logged
+    costs.
     With `answer` (the default), a spent budget still allows one last call with tools
     withdrawn, asked to answer from the episode's tool results, when it has any."""
 
@@ -193,7 +194,7 @@ def check_guards(config: GuardConfig, *, since: GuardConfig | None = None) -> No
         elif isinstance(value, CostBudget):
             for limit in ("max_cost", "max_session_cost"):
                 if getattr(value, limit) is not None:
-                    exact_amount(getattr(value, limit), f"{field}.{limit}", positive=True)
+                    check_limit(getattr(value, limit), f"{field}.{limit}")
         elif isinstance(value, SmallModel):
             check_count(f"{field}.window_turns", value.window_turns, 1)
             check_count(f"{field}.max_result_chars", value.max_result_chars, 1)

@@ -41,30 +41,42 @@ class Pricing(msgspec.Struct, frozen=True):
 
     def cost(self, prompt_tokens: int, completion_tokens: int) -> Decimal:
         """The exact cost of a call that used these tokens."""
-        prompt = _EXACT.multiply(Decimal(prompt_tokens), exact_amount(self.input_per_million))
+        prompt = _EXACT.multiply(Decimal(prompt_tokens), as_decimal(self.input_per_million))
         completion = _EXACT.multiply(
-            Decimal(completion_tokens), exact_amount(self.output_per_million)
+            Decimal(completion_tokens), as_decimal(self.output_per_million)
         )
         return _EXACT.divide(_EXACT.add(prompt, completion), _MILLION)
 
 
-def exact_amount(value: object, where: str = "amount", *, positive: bool = False) -> Decimal:
-    """The decimal a price or cost limit spells; InputError, naming `where`, unless it is a
-    number from 0 (more than 0 if `positive`) to MAX_AMOUNT with at most MAX_DECIMALS
-    decimal places."""
+def exact_amount(value: object, where: str = "price") -> Decimal:
+    """The decimal a price spells; InputError, naming `where`, unless it is a number from 0
+    to MAX_AMOUNT with at most MAX_DECIMALS decimal places (so sums of costs stay short)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise InputError(f"{where}: expected a number, got {value!r:.80}")
-    least = "more than 0" if positive else "from 0"
-    if not (math.isfinite(value) and 0 <= value <= MAX_AMOUNT) or (positive and value == 0):
+    if not (math.isfinite(value) and 0 <= value <= MAX_AMOUNT):
         raise InputError(
-            f"{where}: expected a number {least} to {MAX_AMOUNT:,.0f}, got {value!r:.80}"
+            f"{where}: expected a number from 0 to {MAX_AMOUNT:,.0f}, got {value!r:.80}"
         )
-    # repr: the shortest decimal that reads back as this float, which is what JSON holds.
-    exact = Decimal(repr(value)) if isinstance(value, float) else Decimal(value)
+    exact = as_decimal(value)
     exponent = exact.as_tuple().exponent
     if isinstance(exponent, int) and exponent < -MAX_DECIMALS:
         raise InputError(f"{where}: {value!r} has more than {MAX_DECIMALS} decimal places")
     return exact
+
+
+def check_limit(value: object, where: str) -> None:
+    """InputError, naming `where`, unless `value` is a finite number more than 0: a cost
+    limit, compared exactly (as `as_decimal` spells it) with what calls cost."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InputError(f"{where}: expected a number, got {value!r:.80}")
+    if not (math.isfinite(value) and value > 0):
+        raise InputError(f"{where}: expected a finite number more than 0, got {value!r:.80}")
+
+
+def as_decimal(value: float) -> Decimal:
+    """The decimal a JSON number spells: a float's shortest repr (which reads back as the
+    same float, and is what JSON holds), not the binary value nearest it."""
+    return Decimal(repr(value)) if isinstance(value, float) else Decimal(value)
 
 
 @overload

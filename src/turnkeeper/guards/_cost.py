@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from decimal import Decimal
 
-from turnkeeper.core import exact_amount
+from turnkeeper.core import as_decimal
 from turnkeeper.guards._builtin import with_last_result
 from turnkeeper.guards._view import CONTINUE, GuardView, Halt, Verdict, acts_in
 
@@ -25,7 +25,7 @@ def cost_budget(view: GuardView) -> Verdict:
     ):
         if limit is None:
             continue
-        allowed = exact_amount(limit)
+        allowed = as_decimal(limit)
         used = spent if spent is not None else Decimal(0)
         if used >= allowed:
             lead = f"I stopped: {what} has cost {used}, its budget is {allowed}."

@@ -59,9 +59,8 @@ _INPUT = "Input"
 _NAME = r"^[A-Za-z0-9_.\-]{1,64}$(?!\n)"
 _INT64 = {"minimum": -(2**63), "maximum": 2**63 - 1}
 _SECONDS = {"exclusiveMinimum": 0, "maximum": sys.float_info.max}
-# Prices and cost limits: at most MAX_DECIMALS decimal places too, which a schema cannot say.
+# Prices: at most MAX_DECIMALS decimal places too, which a schema cannot say.
 _PRICE = {"minimum": 0, "maximum": MAX_AMOUNT}
-_COST_LIMIT = {"exclusiveMinimum": 0, "maximum": MAX_AMOUNT}
 
 _HISTORY_MESSAGE: dict[str, Any] = {
     "title": "HistoryMessage",
@@ -528,7 +527,7 @@ def _request_rules(limits: Limits) -> dict[str, dict[str, dict[str, Any]]]:
         "TerminalTool": {"max_reprompts": {"minimum": 0}},
         "Budget": {"max_tokens": {"minimum": 1}, "max_seconds": _SECONDS},
         "Pricing": {"input_per_million": _PRICE, "output_per_million": _PRICE},
-        "CostBudget": {"max_cost": _COST_LIMIT, "max_session_cost": _COST_LIMIT},
+        "CostBudget": {"max_cost": _SECONDS, "max_session_cost": _SECONDS},
         "SmallModel": {"window_turns": {"minimum": 1}, "max_result_chars": {"minimum": 1}},
     }
 

@@ -67,7 +67,7 @@ def test_bad_forks_are_refused_naming_the_field(server: ServerProcess) -> None:
             ("nobody", {"at_seq": 1}, 404, "session_id", "no session nobody"),
             (origin, {"at_seq": done.seq + 1}, 422, "at_seq", "expected an integer from 1 to"),
             (origin, {"at_seq": 0}, 422, "at_seq", "at_seq"),
-            (origin, {"at_seq": 2, "new_id": origin}, 409, "new_id", "already exists"),
+            (origin, {"at_seq": 2, "new_id": origin}, 409, "new_id", "origin session itself"),
             (origin, {"at_seq": 2, "new_id": "../x"}, 422, "new_id", "matching regex"),
             (origin, {"at_seq": 2, "new": "x"}, 422, "new", "unknown field"),
         ]

@@ -17,9 +17,9 @@ import msgspec
 from turnkeeper.core._errors import InputError
 
 MAX_AMOUNT = 1e9
-"""The largest price per million tokens, or cost limit, a session takes."""
+"""The largest price per million tokens a spec takes."""
 MAX_DECIMALS = 12
-"""The most decimal places a price or cost limit may have."""
+"""The most decimal places a price may have."""
 
 # Prices of at most 21 digits times token counts of at most 19 digits, summed: far within
 # 64 digits, so no sum is ever rounded; and one that would be raises rather than drifts.

@@ -33,8 +33,6 @@ class HostForks(HostBase):
         self._check_accepting()
         async with self._use(session_id):
             events = await self.log.read(session_id)
-        if new_id is not None and self._known(new_id):
-            raise _taken(new_id)
         envelopes, state = fork_events(events, at_seq, new_id, at=self.clock())
         new_id = state.session_id
         if self._known(new_id):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 import msgspec
 import pytest
 
@@ -20,6 +22,7 @@ from turnkeeper.events import (
     DuplicateToolCall,
     Envelope,
     Failed,
+    Forked,
     Halted,
     McpFailed,
     MessageQueued,
@@ -70,6 +73,16 @@ EVENTS: list[tuple[AnyEvent, str]] = [
     (TerminalToolCalled("c2", "finish", {"answer": "4"}), "finished with finish"),
     (Cancelled("the user asked"), "cancelled: the user asked"),
     (Failed("crashed 4 times"), "failed: crashed 4 times"),
+    (Forked("local_origin", 7), "forked from session local_origin at seq 7"),
+    (
+        ModelResponded(
+            msgspec.Raw(b"{}"),
+            {"role": "assistant", "content": "5"},
+            "stop",
+            Usage(3, 1, Decimal("0.0000012")),
+        ),
+        "model: 5 [3+1 tokens, cost 0.0000012]",
+    ),
 ]
 
 

@@ -27,6 +27,7 @@ from turnkeeper.events._events import (
     Envelope,
     Event,
     Failed,
+    Forked,
     Halted,
     McpFailed,
     MessageQueued,
@@ -63,6 +64,7 @@ TAGS: dict[type[Event], str] = {
     TerminalToolCalled: "local.terminal",
     Cancelled: "local.cancelled",
     Failed: "local.failed",
+    Forked: "local.forked",
     McpFailed: "local.mcp_error",
     ReplyReplaced: "local.reply_replaced",
 }
@@ -126,6 +128,7 @@ EXAMPLES: list[AnyEvent] = [
     TerminalToolCalled(tool_call_id="call_3", name="search", result={"answer": 42}),
     Cancelled(reason="user asked"),
     Failed(error="crashed 3 times in 60 s"),
+    Forked(origin="local_0123", at_seq=7),
     ReplyReplaced(guard="small_model", text="22 C and sunny"),
     McpFailed(
         server="files",
@@ -213,7 +216,7 @@ def test_a_response_shows_its_json_in_repr() -> None:
     event = ModelResponded(msgspec.Raw(b'{"id":"x"}'), {"role": "assistant"}, "stop", Usage())
     assert repr(event) == (
         "ModelResponded(response=Raw(b'{\"id\":\"x\"}'), message={'role': 'assistant'}, "
-        "finish_reason='stop', usage=Usage(prompt_tokens=0, completion_tokens=0))"
+        "finish_reason='stop', usage=Usage(prompt_tokens=0, completion_tokens=0, cost=None))"
     )
 
 

@@ -130,7 +130,9 @@ def test_composed_name_lists_its_guards() -> None:
     assert compose(max_turns, final_turn).__name__ == "compose(max_turns, final_turn)"
     unnamed = functools.partial(final_turn)
     assert compose(max_turns, unnamed).__name__ == "compose(max_turns, guard)"
-    assert default_guards.__name__.startswith("compose(max_turns, budget, loop_detection")
+    assert default_guards.__name__.startswith(
+        "compose(max_turns, budget, cost_budget, loop_detection"
+    )
 
 
 def test_custom_guard_adds_to_the_defaults() -> None:

@@ -329,7 +329,7 @@ async def test_payload_values_json_changes_are_held_as_they_read_back(
         "pair": [1, 2],
         "keys": {"1": "one"},
         "nan": None,
-        "usage": {"prompt_tokens": 3, "completion_tokens": 4},
+        "usage": {"prompt_tokens": 3, "completion_tokens": 4, "cost": None},
     }
     expected = [
         envelope("s1", 1, ToolCalled(tool_call_id="c", name="t", input=as_read)),

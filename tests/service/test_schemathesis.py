@@ -61,6 +61,12 @@ RULES: dict[str, list[tuple[str, str]]] = {
         (r"history\[\d+\]\.tool_call_id", "answers no tool call"),
         (r"history\[\d+\]\.tool_calls\[\d+\]\.id", "is the id of an earlier call"),
         (r"prompt", "the history ends in tool calls with no results"),
+        (r"spec\.pricing\.\w+", "decimal places"),
+    ],
+    "POST /v1/sessions/{session_id}/fork": [
+        (r"at_seq", "expected an integer from 1 to"),
+        (r"at_seq", "cuts short the step"),
+        (r"at_seq", "would take no messages"),
     ],
     "POST /v1/sessions/{session_id}/tool_results": [(r"results", "")],
     "POST /v1/sessions/{session_id}/approvals": [(r"decisions", "")],

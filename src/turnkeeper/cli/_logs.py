@@ -7,6 +7,7 @@ directory is a JsonlLog (one file per session); anything else is a SQLite log.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Literal, Self
@@ -21,6 +22,7 @@ from turnkeeper.logs import (
     JsonlLog,
     JsonlRead,
     PostgresLog,
+    SeqConflict,
     SqliteLog,
     is_postgres_url,
     read_jsonl,
@@ -132,6 +134,42 @@ def _append_line(path: Path, line: bytes) -> None:
         file.write(line)
         file.flush()
         os.fsync(file.fileno())
+
+
+async def append_session(name: str, events: Sequence[Envelope]) -> None:
+    """Append a new session's `events` (from seq 1) to the log at `name`, in one write:
+    InputError if the log holds a session of that id, LogError if another process
+    writes the log."""
+    session_id = events[0].session_id
+    if is_postgres_url(name):
+        raise InputError(
+            f"{name}: a fleet's log is written by its workers: fork through one of them "
+            f"(POST /v1/sessions/{{id}}/fork)"
+        )
+    path = Path(name)
+    kind = await anyio.to_thread.run_sync(_kind, path)
+    if kind == "jsonl":
+        read = await _read_jsonl(path)
+        if read.torn is not None:
+            raise InputError(
+                f"{name}: line {read.torn.line} is unfinished (a write was cut short); move "
+                "the file aside or repair it first"
+            )
+        if any(envelope.session_id == session_id for envelope in read.events):
+            raise InputError(f"--new-id: {name} holds a session {session_id} already")
+        data = b"".join(encode_envelope(envelope) + b"\n" for envelope in events)
+        await anyio.to_thread.run_sync(_append_line, path, data)
+        return
+    async with _open(path, kind) as log:
+        if not log.writable:
+            raise LogError(
+                f"{name}: another turnkeeper process writes this log; fork through it "
+                "(POST /v1/sessions/{id}/fork), or stop it first"
+            )
+        try:
+            await log.append(events, expected_seq=0)
+        except SeqConflict:
+            raise InputError(f"--new-id: {name} holds a session {session_id} already") from None
 
 
 class Recorder:

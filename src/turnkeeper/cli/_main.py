@@ -1,4 +1,5 @@
-"""The `turnkeeper` command: run, replay, sessions, export, check, serve, ui, model serve.
+"""The `turnkeeper` command: run, replay, sessions, export, check, fork, serve, ui, model
+serve.
 
 Exit codes: 0 the run answered (replay: the outcome would be the same; check: no damage);
 1 the run was stopped without an answer (replay --guards: the outcome would differ; check:
@@ -19,6 +20,7 @@ import structlog
 
 from turnkeeper.cli import _codes
 from turnkeeper.cli._check import CheckOptions, check_command
+from turnkeeper.cli._fork import ForkOptions, fork_command
 from turnkeeper.cli._inspect import (
     ExportOptions,
     ReplayOptions,
@@ -40,6 +42,7 @@ _COMMANDS: dict[str, tuple[type[msgspec.Struct], Callable[[Any], Awaitable[int]]
     "sessions": (SessionsOptions, sessions_command),
     "export": (ExportOptions, export_command),
     "check": (CheckOptions, check_command),
+    "fork": (ForkOptions, fork_command),
     "serve": (ServeOptions, serve_command),
     "ui": (UiOptions, ui_command),
     "model serve": (ModelServeOptions, model_serve_command),

@@ -181,6 +181,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="a JsonlLog directory, .jsonl or SQLite log, or a postgresql://... URL",
     )
 
+    fork = commands.add_parser(
+        "fork",
+        help="write a fork of a logged session into its log",
+        description="Add to the log a new session whose events begin as the first AT_SEQ "
+        "events of SESSION, then local.forked; print its id. A host on the log (turnkeeper "
+        "serve) goes on with it from there.",
+    )
+    fork.add_argument("log", type=_text("a path"), metavar="LOG", help=_LOG_HELP)
+    fork.add_argument("session", type=_text("a session id"), metavar="SESSION")
+    fork.add_argument("at_seq", type=_positive_int, metavar="AT_SEQ", help="the seq to fork at")
+    fork.add_argument(
+        "--new-id", type=_text("a session id"), metavar="ID", help="default: a new one"
+    )
+
     serve = commands.add_parser("serve", help="serve the HTTP API for orchestrators")
     serve.add_argument("--host", type=_text("a host"), default="127.0.0.1")
     serve.add_argument("--port", type=_port, default=8000)

@@ -20,6 +20,7 @@ from turnkeeper.events import (
     DuplicateToolCall,
     Envelope,
     Failed,
+    Forked,
     Halted,
     McpFailed,
     MessageQueued,
@@ -90,6 +91,8 @@ def step_line(envelope: Envelope) -> str | None:
         return f"guard {event.guard}: {gist(event.text)}"
     if isinstance(event, ModelResponded):
         usage = f"[{event.usage.prompt_tokens}+{event.usage.completion_tokens} tokens]"
+        if event.usage.cost is not None:
+            usage = f"{usage[:-1]}, cost {event.usage.cost}]"
         if event.message.get("tool_calls"):
             return f"model: calls {gist(_calls(event.message))} {usage}"
         said = gist(text_of(event.message)) or "(no text)"
@@ -134,6 +137,8 @@ def step_line(envelope: Envelope) -> str | None:
         return f"cancelled: {gist(event.reason)}"
     if isinstance(event, Failed):
         return f"failed: {gist(event.error)}"
+    if isinstance(event, Forked):
+        return f"forked from session {event.origin} at seq {event.at_seq}"
     assert_type(event, ToolResultsReceived)  # every other kind has its line above
     return None
 
@@ -190,6 +195,7 @@ def outcome_lines(state: SessionState) -> Iterator[str]:
     yield (
         f"outcome: {state.status}{reason} after {_count(state.polls, 'model call')} this "
         f"episode; {usage.prompt_tokens} prompt + {usage.completion_tokens} completion tokens"
+        + ("" if usage.cost is None else f", cost {usage.cost}")
     )
     awaiting = awaiting_approval(state)
     if awaiting:

@@ -26,6 +26,7 @@ from turnkeeper.core._guard_config import (
     FINAL_TURN_LEAD,
     Budget,
     ConsecutiveErrors,
+    CostBudget,
     DuplicateCalls,
     FinalTurn,
     GuardConfig,
@@ -55,6 +56,14 @@ from turnkeeper.core._messages import (
     tool_message,
     tool_uses_of,
 )
+from turnkeeper.core._pricing import (
+    MAX_AMOUNT,
+    MAX_DECIMALS,
+    Pricing,
+    add_costs,
+    as_decimal,
+    exact_amount,
+)
 from turnkeeper.core._text import encodes, loggable
 from turnkeeper.core._types import (
     AgentSpec,
@@ -72,7 +81,9 @@ from turnkeeper.core._types import (
 
 __all__ = [
     "FINAL_TURN_LEAD",
+    "MAX_AMOUNT",
     "MAX_ARGUMENT_DEPTH",
+    "MAX_DECIMALS",
     "MAX_JSON_DEPTH",
     "AgentSpec",
     "Approval",
@@ -81,6 +92,7 @@ __all__ = [
     "Chat",
     "ChatError",
     "ConsecutiveErrors",
+    "CostBudget",
     "DuplicateCalls",
     "FinalTurn",
     "GuardConfig",
@@ -91,6 +103,7 @@ __all__ = [
     "MaxTurns",
     "McpServer",
     "Message",
+    "Pricing",
     "Repair",
     "ReplayError",
     "SelfFeeding",
@@ -103,6 +116,8 @@ __all__ = [
     "TurnkeeperError",
     "UnloggableEvent",
     "Usage",
+    "add_costs",
+    "as_decimal",
     "call_key",
     "call_problem",
     "check_count",
@@ -118,6 +133,7 @@ __all__ = [
     "duplicate_content",
     "encodes",
     "error_content",
+    "exact_amount",
     "gc_paused",
     "gist",
     "is_unreadable",

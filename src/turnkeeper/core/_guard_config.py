@@ -11,6 +11,7 @@ import msgspec
 
 from turnkeeper.core._checks import check_count, check_seconds
 from turnkeeper.core._errors import InputError
+from turnkeeper.core._pricing import check_limit
 
 FINAL_TURN_LEAD = "This is your last turn."
 """How the final-turn directive starts; backends that constrain the last reply look for it."""
@@ -92,6 +93,19 @@ class Budget(msgspec.Struct, frozen=True):
     answer: bool = True
 
 
+class CostBudget(msgspec.Struct, frozen=True):
+    """Limits on what the model calls cost, by the spec's `pricing` (a session without one
+    is never stopped by it): `max_cost` per episode, `max_session_cost` over the session's
+    life (finite numbers > 0, in the pricing's currency), compared exactly with the logged
+    costs.
+    With `answer` (the default), a spent budget still allows one last call with tools
+    withdrawn, asked to answer from the episode's tool results, when it has any."""
+
+    max_cost: float | None = None
+    max_session_cost: float | None = None
+    answer: bool = True
+
+
 class SmallModel(msgspec.Struct, frozen=True):
     """Help for small local models (the on-device loop's steps 1, 2, 7 and 9).
 
@@ -120,6 +134,7 @@ class GuardConfig(msgspec.Struct, frozen=True):
     terminal: TerminalTool | None = TerminalTool()
     budget: Budget | None = None
     small_model: SmallModel | None = None
+    cost: CostBudget | None = None
 
 
 _GUARD_KINDS: dict[str, type] = {
@@ -133,6 +148,7 @@ _GUARD_KINDS: dict[str, type] = {
     "terminal": TerminalTool,
     "budget": Budget,
     "small_model": SmallModel,
+    "cost": CostBudget,
 }
 
 
@@ -175,6 +191,10 @@ def check_guards(config: GuardConfig, *, since: GuardConfig | None = None) -> No
                 check_count(f"{field}.max_tokens", value.max_tokens, 1)
             if value.max_seconds is not None:
                 check_seconds(f"{field}.max_seconds", value.max_seconds, positive=True)
+        elif isinstance(value, CostBudget):
+            for limit in ("max_cost", "max_session_cost"):
+                if getattr(value, limit) is not None:
+                    check_limit(getattr(value, limit), f"{field}.{limit}")
         elif isinstance(value, SmallModel):
             check_count(f"{field}.window_turns", value.window_turns, 1)
             check_count(f"{field}.max_result_chars", value.max_result_chars, 1)

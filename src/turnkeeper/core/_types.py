@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from decimal import Decimal
 from typing import Any, Literal
 
 import msgspec
@@ -10,6 +11,7 @@ import msgspec
 from turnkeeper.core._checks import check_seconds
 from turnkeeper.core._errors import InputError
 from turnkeeper.core._jsonschema import is_valid, schema_problem
+from turnkeeper.core._pricing import Pricing, add_costs
 
 Message = dict[str, Any]
 """An OpenAI chat-completions message, string-keyed, kept verbatim."""
@@ -25,10 +27,12 @@ the same answer from the log alone."""
 
 
 class Usage(msgspec.Struct, frozen=True, gc=False):
-    """Token usage of one or more model calls."""
+    """Token usage of one or more model calls, and their exact cost when the spec has a
+    `pricing` (None: no price known)."""
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cost: Decimal | None = None
 
     @property
     def total_tokens(self) -> int:
@@ -38,6 +42,7 @@ class Usage(msgspec.Struct, frozen=True, gc=False):
         return Usage(
             self.prompt_tokens + other.prompt_tokens,
             self.completion_tokens + other.completion_tokens,
+            add_costs(self.cost, other.cost),
         )
 
 
@@ -153,6 +158,7 @@ class AgentSpec(msgspec.Struct, frozen=True):
     Sampling params are None (the server's default) or, as `check_spec` requires of a new
     session's spec, in OpenAI's ranges: `temperature` from 0 to 2, `top_p` more than 0 and
     at most 1, `max_tokens` 1 or more, `seed` a 64-bit integer; `stop` is a list of strings.
+    `pricing` is the price of `model`, from which each call's cost is computed.
     """
 
     system_prompt: str = ""
@@ -165,6 +171,7 @@ class AgentSpec(msgspec.Struct, frozen=True):
     seed: int | None = None
     stop: tuple[str, ...] | None = None
     mcp_servers: tuple[McpServer, ...] = ()
+    pricing: Pricing | None = None
 
     def __post_init__(self) -> None:
         tools = tuple(self.tools)
@@ -237,6 +244,8 @@ def check_spec(spec: AgentSpec) -> None:
     """Raise InputError, naming the field as `spec.<field>`, unless each tool's schema can
     check its arguments and each sampling param is None or in range. Decoding does not
     check these, so a log written before they were checked still reads."""
+    if spec.pricing is not None and not isinstance(spec.pricing, Pricing):
+        raise InputError(f"spec.pricing: expected a Pricing, got {type(spec.pricing).__name__}")
     for index, tool in enumerate(spec.tools):
         _check_name(tool.name, f"spec.tools[{index}].name")
         check_tool(tool, f"spec.tools[{index}]")

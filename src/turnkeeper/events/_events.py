@@ -236,6 +236,17 @@ class Cancelled(Event, frozen=True, tag="local.cancelled"):
     reason: str
 
 
+class Forked(Event, frozen=True, tag="local.forked"):
+    """This session began as a fork of session `origin`: the events before this one are
+    the first `at_seq` of `origin`'s, as they were logged there (under this session's id).
+    From here on it runs on its own, an open episode's wall clock starting again now. A
+    call logged as about to run with no result by `at_seq` may have run in the origin: it
+    runs again here, `local.tool_may_have_run` first."""
+
+    origin: str
+    at_seq: int
+
+
 class Failed(Event, frozen=True, tag="local.failed"):
     """The session crashed too often and was given up."""
 
@@ -264,6 +275,7 @@ AnyEvent = (
     | AnsweredAfterStop
     | TerminalToolCalled
     | Cancelled
+    | Forked
     | Failed
 )
 

@@ -3,6 +3,7 @@
 from turnkeeper.core import (
     Budget,
     ConsecutiveErrors,
+    CostBudget,
     DuplicateCalls,
     FinalTurn,
     GuardConfig,
@@ -33,6 +34,7 @@ from turnkeeper.guards._builtin import (
     with_last_result,
 )
 from turnkeeper.guards._compose import compose
+from turnkeeper.guards._cost import cost_budget
 from turnkeeper.guards._feeding import self_feeding
 from turnkeeper.guards._small_model import correct_reply, restate_request, resume_next_step, window
 from turnkeeper.guards._view import (
@@ -50,6 +52,7 @@ from turnkeeper.guards._view import (
 default_guards: Guard = compose(
     max_turns,
     budget,
+    cost_budget,
     loop_detection,
     self_feeding,
     duplicate_calls,
@@ -67,6 +70,7 @@ __all__ = [
     "CONTINUE",
     "Budget",
     "ConsecutiveErrors",
+    "CostBudget",
     "Directive",
     "DuplicateCalls",
     "FinalTurn",
@@ -91,6 +95,7 @@ __all__ = [
     "compose",
     "consecutive_errors",
     "correct_reply",
+    "cost_budget",
     "default_guards",
     "duplicate_calls",
     "episode_results",

@@ -37,6 +37,7 @@ from turnkeeper.service._openapi import openapi_document
 from turnkeeper.service._schemas import (
     Created,
     CreateSession,
+    ForkSession,
     Health,
     PostApprovals,
     PostMessage,
@@ -92,6 +93,7 @@ def create_app(
         route(one + "/approvals", POST=api.approvals),
         route(one + "/cancel", POST=api.cancel),
         route(one + "/retry", POST=api.retry),
+        route(one + "/fork", POST=api.fork),
         route(one + "/recheck", POST=inspector.recheck),
         route(one + "/events", GET=api.events),
         route(one + "/events/stream", GET=api.stream),
@@ -304,6 +306,16 @@ class _Api:
             await self.host.retry(session_id)
         return json_response(await self.host.status(session_id))
 
+    async def fork(self, request: Request) -> Response:
+        session_id = request.path_params["session_id"]
+        body = await read_body(request, ForkSession, self.limits)
+        try:
+            info = await self.host.fork(session_id, body.at_seq, body.new_id)
+        except InputError as exc:
+            field = _field_named(str(exc))
+            raise ApiError(409 if field == "new_id" else 422, str(exc), field) from None
+        return json_response(info, 201)
+
     async def events(self, request: Request) -> Response:
         return await events_response(request, self.host, self.limits, self.stopping)
 
@@ -334,7 +346,9 @@ class _Api:
                 takeovers=host.shared.takeovers,
                 fence_losses=host.shared.fence_losses,
             )
-        text = render_metrics(statuses, host.counters, host.append_seconds, appended, fleet)
+        text = render_metrics(
+            statuses, host.counters, host.append_seconds, appended, fleet, host.cost_total
+        )
         return Response(text, media_type=CONTENT_TYPE)
 
     async def openapi(self, request: Request) -> Response:

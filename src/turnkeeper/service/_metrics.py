@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from decimal import Decimal
 from typing import get_args
 
 import msgspec
@@ -32,11 +33,12 @@ def render_metrics(
     append_seconds: Sequence[float],
     appended: tuple[int, float],
     fleet: FleetFigures | None = None,
+    cost: Decimal = Decimal(0),
 ) -> str:
     """The exposition: sessions by status, each counter as `turnkeeper_<name>_total`, and
     a summary of log append latency: its quantiles over `append_seconds` (the host's
-    recent appends), and its `_count` and `_sum` over every append, `appended`; and, of
-    a worker of a fleet, its `fleet` figures."""
+    recent appends), and its `_count` and `_sum` over every append, `appended`; what the
+    model calls cost, `cost`; and, of a worker of a fleet, its `fleet` figures."""
     lines = [
         "# HELP turnkeeper_sessions Sessions by status.",
         "# TYPE turnkeeper_sessions gauge",
@@ -52,6 +54,10 @@ def render_metrics(
             f"{metric} {counters.get(name, 0)}",
         ]
     lines += [
+        "# HELP turnkeeper_cost_total What the model calls cost, by their sessions' pricing "
+        "(in its currency; sessions without pricing add nothing).",
+        "# TYPE turnkeeper_cost_total counter",
+        f"turnkeeper_cost_total {_number(float(cost))}",
         "# HELP turnkeeper_log_append_seconds Event log append latency (quantiles over the "
         "host's recent appends).",
         "# TYPE turnkeeper_log_append_seconds summary",

@@ -18,6 +18,7 @@ from typing import Any
 
 import msgspec
 
+from turnkeeper.core import MAX_AMOUNT
 from turnkeeper.logs import LARGEST_SEQ
 from turnkeeper.service._limits import Limits
 from turnkeeper.service._schemas import (
@@ -25,6 +26,7 @@ from turnkeeper.service._schemas import (
     CreateSession,
     ErrorBody,
     EventPage,
+    ForkSession,
     Health,
     PostApprovals,
     PostMessage,
@@ -39,7 +41,14 @@ from turnkeeper.service._summary import LISTED_STATUSES
 from turnkeeper.sessions import SessionInfo
 
 _REF = "#/components/schemas/{name}"
-_BODIES = (CreateSession, PostMessage, PostToolResults, PostApprovals, RecheckRequest)
+_BODIES = (
+    CreateSession,
+    PostMessage,
+    PostToolResults,
+    PostApprovals,
+    RecheckRequest,
+    ForkSession,
+)
 _RESPONSES = (
     Created,
     SessionInfo,
@@ -58,6 +67,8 @@ _INPUT = "Input"
 _NAME = r"^[A-Za-z0-9_.\-]{1,64}$(?!\n)"
 _INT64 = {"minimum": -(2**63), "maximum": 2**63 - 1}
 _SECONDS = {"exclusiveMinimum": 0, "maximum": sys.float_info.max}
+# Prices: at most MAX_DECIMALS decimal places too, which a schema cannot say.
+_PRICE = {"minimum": 0, "maximum": MAX_AMOUNT}
 
 _HISTORY_MESSAGE: dict[str, Any] = {
     "title": "HistoryMessage",
@@ -177,6 +188,7 @@ def openapi_document(limits: Limits) -> dict[str, Any]:
             ("PostApprovals", "postApprovals"),
             ("CancelSession", "cancelSession"),
             ("RetrySession", "retrySession"),
+            ("ForkSession", "forkSession"),
             ("RecheckSession", "recheckSession"),
             ("InspectSession", "inspectSession"),
             ("ListEvents", "listEvents"),
@@ -280,6 +292,22 @@ def openapi_document(limits: Limits) -> dict[str, Any]:
                 parameters=[_SESSION_ID, _IDEMPOTENCY_KEY],
                 ok=("200", "The session", _json(SessionInfo)),
                 errors=(401, 404, 409, 422, 503),
+            )
+        },
+        "/v1/sessions/{session_id}/fork": {
+            "post": _operation(
+                "forkSession",
+                "Start a new session as a fork of this one at a seq",
+                f"{body_limits}. The new session's log begins as the first `at_seq` events "
+                "of this session's (under the new id), then `local.forked`; it goes on from "
+                "there on its own, and this session is not touched. `at_seq` must be one of "
+                "the session's seqs that does not cut a step short (the guard events logged "
+                "with a step follow it) and at which it is not cancelled or failed, else a "
+                "422 names it; a `new_id` that exists is a 409.",
+                parameters=[_SESSION_ID],
+                body=ForkSession,
+                ok=("201", "The new session", _json(SessionInfo)),
+                errors=(400, 401, 404, 408, 409, 413, 415, 422, 503),
             )
         },
         "/v1/sessions/{session_id}/recheck": {
@@ -498,6 +526,7 @@ def _request_rules(limits: Limits) -> dict[str, dict[str, dict[str, Any]]]:
             },
         },
         "PostMessage": {"text": {"maxLength": limits.max_text_chars}},
+        "ForkSession": {"at_seq": {"maximum": LARGEST_SEQ}},
         "ToolResult": {"text": {"maxLength": limits.max_tool_result_chars}},
         "ToolSpec": {
             "name": {"pattern": _NAME},
@@ -539,6 +568,8 @@ def _request_rules(limits: Limits) -> dict[str, dict[str, dict[str, Any]]]:
         "SelfFeeding": {"max_links": {"minimum": 1}, "warnings": {"minimum": 0}},
         "TerminalTool": {"max_reprompts": {"minimum": 0}},
         "Budget": {"max_tokens": {"minimum": 1}, "max_seconds": _SECONDS},
+        "Pricing": {"input_per_million": _PRICE, "output_per_million": _PRICE},
+        "CostBudget": {"max_cost": _SECONDS, "max_session_cost": _SECONDS},
         "SmallModel": {"window_turns": {"minimum": 1}, "max_result_chars": {"minimum": 1}},
     }
 

@@ -50,6 +50,14 @@ class PostMessage(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     text: str
 
 
+class ForkSession(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Fork the session at seq `at_seq`: a new session (`new_id`, or a new id) whose log
+    begins as the first `at_seq` events of this one's, and then runs on its own."""
+
+    at_seq: Annotated[int, msgspec.Meta(ge=1)]
+    new_id: SessionId | None = None
+
+
 class PostToolResults(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """One result for each tool call the session waits on (its `pending` calls)."""
 

@@ -4,6 +4,7 @@ from turnkeeper.core import AgentSpec, Chat, ChatError, ToolResult, ToolSpec, To
 from turnkeeper.sessions._driver import poll_turn
 from turnkeeper.sessions._fleet import FleetHost
 from turnkeeper.sessions._fleet_owner import session_id_for
+from turnkeeper.sessions._fork import fork_events
 from turnkeeper.sessions._host import Host
 from turnkeeper.sessions._host_records import (
     Busy,
@@ -68,6 +69,7 @@ __all__ = [
     "emit",
     "end_poll",
     "failure_events",
+    "fork_events",
     "new_session_id",
     "normalize",
     "open_session",

@@ -34,6 +34,7 @@ from turnkeeper.events import AnyEvent, Cancelled, Envelope, MessageQueued, Tool
 from turnkeeper.logs import LARGEST_SEQ, SeqConflict, check_batch
 from turnkeeper.sessions._host_actor import HostActor
 from turnkeeper.sessions._host_approvals import HostApprovals
+from turnkeeper.sessions._host_fork import HostForks
 from turnkeeper.sessions._host_records import (
     Busy,
     HostStopped,
@@ -54,7 +55,7 @@ from turnkeeper.state import SessionState, approval_request, awaiting_approval
 from turnkeeper.tracing import capture_context
 
 
-class Host(HostActor, HostRecovery, HostResting, HostApprovals):
+class Host(HostActor, HostRecovery, HostResting, HostApprovals, HostForks):
     """Runs many sessions in one process: `async with Host(chat=...) as host`.
 
     Each session with work to do is a task in the host's task group (one at rest holds

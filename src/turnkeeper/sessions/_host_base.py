@@ -9,6 +9,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -20,11 +21,12 @@ from turnkeeper.core import (
     InputError,
     ToolUse,
     TurnkeeperError,
+    add_costs,
     check_count,
     check_seconds,
     text_of,
 )
-from turnkeeper.events import AnyEvent, Envelope
+from turnkeeper.events import AnyEvent, Envelope, ModelResponded
 from turnkeeper.guards import Guard, default_guards
 from turnkeeper.logs import EventLog, MemoryLog
 from turnkeeper.sessions._host_records import (
@@ -134,6 +136,8 @@ class HostBase:
         self._model_slots: Slots | None = None
         self.clock = clock
         self.counters: dict[str, int] = {}
+        # What the model calls this host made have cost, by their sessions' pricing.
+        self.cost_total = Decimal(0)
         # Every append's time, the recent ones apart (the last 5,000 to 10,000).
         self.appends = 0
         self.append_seconds_total = 0.0
@@ -308,13 +312,18 @@ class HostBase:
         self.counters[name] = self.counters.get(name, 0) + 1
 
     def _count_events(self, events: Sequence[Envelope]) -> None:
-        """Count the guard halts and model call retries among `events`, in one pass."""
+        """Count the guard halts and model call retries among `events`, and add up the
+        costs of the model responses, in one pass."""
         for envelope in events:
             kind = envelope.type
             if kind == "local.halted":
                 self._count("guard_halts")
             elif kind == "local.chat_retry":
                 self._count("chat_retries")
+            elif kind == "local.model_response":
+                event = envelope.event
+                if isinstance(event, ModelResponded):
+                    self.cost_total = add_costs(self.cost_total, event.usage.cost)
 
     def _check_accepting(self) -> None:
         if not self._accepting:

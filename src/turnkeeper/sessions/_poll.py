@@ -14,6 +14,7 @@ import msgspec
 
 from turnkeeper.core import (
     MAX_JSON_DEPTH,
+    AgentSpec,
     ChatError,
     InputError,
     Message,
@@ -268,6 +269,7 @@ def end_poll(
     halts as the stop would have."""
     response, logged = _as_logged(response)
     message, finish_reason, usage = check_response(response, call_prefix=f"call_{state.seq + 1}")
+    usage = priced(usage, state.spec)
     if state.answering is not None:
         return _end_answer(
             state, state.answering, logged, message, finish_reason, usage, now, reported
@@ -444,6 +446,15 @@ def _check_calls(calls: list[Any], call_prefix: str) -> tuple[list[Any], bool]:
         if fixed is not None:
             fixed.append(call)
     return (calls, False) if fixed is None else (fixed, True)
+
+
+def priced(usage: Usage, spec: AgentSpec) -> Usage:
+    """`usage` with its cost by the spec's pricing (as it was, with none)."""
+    pricing = spec.pricing
+    if pricing is None:
+        return usage
+    cost = pricing.cost(usage.prompt_tokens, usage.completion_tokens)
+    return Usage(usage.prompt_tokens, usage.completion_tokens, cost)
 
 
 def _usage(response: dict[str, Any]) -> Usage:

@@ -21,6 +21,7 @@ from turnkeeper.events import (
     DirectiveInjected,
     DuplicateToolCall,
     Envelope,
+    Forked,
     Halted,
     MessageQueued,
     MessageReceived,
@@ -100,9 +101,10 @@ def recheck(
         calling = request is not None
         while calling:
             # What may be logged while the model call is in flight: retries, failures (a
-            # Host makes the call again), and messages queued for later.
+            # Host makes the call again), messages queued for later, and a fork's start
+            # (a fork of a session in the middle of its call makes the call).
             while index < len(events) and isinstance(
-                events[index].event, ChatRetried | ChatFailed | MessageQueued
+                events[index].event, ChatRetried | ChatFailed | MessageQueued | Forked
             ):
                 state = apply_event(state, events[index])
                 index += 1
@@ -148,7 +150,7 @@ def _end(
     return after, ended
 
 
-def _by_guards(event: AnyEvent) -> bool:
+def by_guards(event: AnyEvent) -> bool:
     """Whether `event` is one the guards derive (a halt a run logs itself is not)."""
     if isinstance(event, Halted):
         return event.guard not in RUNNER_HALTS
@@ -170,7 +172,7 @@ def _compare(
     event the log holds after it with `derived`. Returns the index after the logged step,
     and the divergence if they differ."""
     end = start + 1
-    while end < len(events) and _by_guards(events[end].event):
+    while end < len(events) and by_guards(events[end].event):
         end += 1
     logged = [envelope.event for envelope in events[start:end]]
     now = [envelope.event for envelope in derived]

@@ -7,6 +7,7 @@ folding a session's log reproduces its live state exactly.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from decimal import Decimal
 from typing import Any, Literal
 
 import msgspec
@@ -21,6 +22,7 @@ from turnkeeper.core import (
     ToolResult,
     ToolUse,
     Usage,
+    add_costs,
     call_key,
     decode_tool_uses,
     digest,
@@ -43,6 +45,7 @@ from turnkeeper.events import (
     DuplicateToolCall,
     Envelope,
     Failed,
+    Forked,
     Halted,
     MessageQueued,
     MessageReceived,
@@ -491,6 +494,15 @@ def _apply_failed(state: SessionState, event: Any, envelope: Envelope) -> Sessio
     return _replace(state, seq=envelope.seq, status="failed", in_poll=False, stop_reason="failed")
 
 
+def _apply_forked(state: SessionState, event: Any, envelope: Envelope) -> SessionState:
+    # The fork goes on later than its origin stopped at `at_seq`: an open episode's wall
+    # clock (the budget guard's) starts again, not counting the time in between.
+    started = state.episode_started
+    return _replace(
+        state, seq=envelope.seq, episode_started=None if started is None else envelope.at
+    )
+
+
 def _apply_opened(state: SessionState, event: Any, envelope: Envelope) -> SessionState:
     if envelope.seq != 1:
         raise ReplayError(
@@ -719,6 +731,7 @@ _RULES: dict[type, _Rule] = {
     ApprovalDecided: _apply_approval_decided,
     Failed: _apply_failed,
     SessionOpened: _apply_opened,
+    Forked: _apply_forked,
 }
 """How each kind of event changes a state; the others change only its seq."""
 
@@ -738,6 +751,7 @@ class _Trip:
         "called",
         "closable",
         "completion_tokens",
+        "cost",
         "history",
         "in_poll",
         "last_failure",
@@ -763,6 +777,7 @@ class _Trip:
         self.reply_calls = state.reply_calls
         self.prompt_tokens = 0
         self.completion_tokens = 0
+        self.cost: Decimal | None = None
         self.last_response: msgspec.Raw | None = None
         self.last_failure = state.last_failure
         self.status = state.status
@@ -788,9 +803,15 @@ class _Trip:
             pending=self.pending,
             called=frozenset(self.called),
             reply_calls=self.reply_calls,
-            usage=Usage(usage.prompt_tokens + prompt, usage.completion_tokens + completion),
+            usage=Usage(
+                usage.prompt_tokens + prompt,
+                usage.completion_tokens + completion,
+                add_costs(usage.cost, self.cost),
+            ),
             episode_usage=Usage(
-                episode.prompt_tokens + prompt, episode.completion_tokens + completion
+                episode.prompt_tokens + prompt,
+                episode.completion_tokens + completion,
+                add_costs(episode.cost, self.cost),
             ),
             last_unreadable=state.last_unreadable
             if self.last_response is None
@@ -832,6 +853,8 @@ class _Trip:
         usage = event.usage
         self.prompt_tokens += usage.prompt_tokens
         self.completion_tokens += usage.completion_tokens
+        if usage.cost is not None:
+            self.cost = add_costs(self.cost, usage.cost)
         self.last_response = event.response
         self.status = "requires_action"
         self.in_poll = False

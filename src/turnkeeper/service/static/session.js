@@ -176,7 +176,7 @@ function describe(envelope) {
       const usage = event.usage;
       return {
         title: `Model reply · poll ${page.poll}`,
-        meta: `${number(usage.prompt_tokens)} in · ${number(usage.completion_tokens)} out · ${event.finish_reason ?? "no finish reason"}`,
+        meta: `${number(usage.prompt_tokens)} in · ${number(usage.completion_tokens)} out${usage.cost != null ? ` · cost ${usage.cost}` : ""} · ${event.finish_reason ?? "no finish reason"}`,
         body,
       };
     }
@@ -248,6 +248,12 @@ function describe(envelope) {
       return { title: "Cancelled", body: [text(event.reason)], error: true };
     case "local.failed":
       return { title: "Failed", meta: "crashed too often; given up", body: [text(event.error)], error: true };
+    case "local.forked":
+      return {
+        title: "Forked",
+        meta: `from ${event.origin} at seq ${event.at_seq}`,
+        body: [line("The events before this are the first ", strong(String(event.at_seq)), " of session ", strong(event.origin), "'s.")],
+      };
     default:
       return { title: event.type, body: [code(pretty(event))] };
   }

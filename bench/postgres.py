@@ -77,6 +77,11 @@ def server(url: str | None) -> Iterator[str]:
         running.cleanup()
 
 
+def load() -> str:
+    """The machine's load averages over 1, 5 and 15 minutes (others' work shares it)."""
+    return " ".join(f"{value:.1f}" for value in os.getloadavg())
+
+
 def empty(url: str) -> None:
     """Drop the log's tables, for a run that starts from nothing."""
     with psycopg.connect(url, autocommit=True) as connection:
@@ -184,7 +189,7 @@ async def main(args: argparse.Namespace) -> None:
         print(
             f"durable appends, {args.seconds:g} s per row, 2 events per append, "
             f"{os.cpu_count()} cores, PostgreSQL {version and version[0]} (fsync "
-            f"{fsync and fsync[0]}), {args.backend}"
+            f"{fsync and fsync[0]}), {args.backend}, load average {load()}"
         )
         parts = set(args.parts.split(","))
         figures: dict[int, Any] = {}
@@ -222,7 +227,7 @@ async def main(args: argparse.Namespace) -> None:
         if "wake" in parts:
             empty(url)
             wake = await wakes(url, args.wakes)
-    print("\nTargets")
+    print(f"\nTargets (load average at the end {load()})")
     if turned is not None:
         print_turns(turned, args.workers)
     print_figures(taken, wake, args.lease)
@@ -232,12 +237,14 @@ async def main(args: argparse.Namespace) -> None:
             f"  {args.workers} workers: {best:,.0f} events/s (target >= {TARGET_FLEET:,}): "
             f"{'met' if best >= TARGET_FLEET else 'NOT met'}"
         )
-    if 100 in figures:
-        postgres, sqlite = figures[100]["postgres"], figures[100]["sqlite"]
+    for count, medians in figures.items():
+        postgres, sqlite = medians["postgres"], medians["sqlite"]
+        target = " (target: no lower)" if count == 100 else ""
+        verdict = (": met" if postgres >= sqlite else ": NOT met") if count == 100 else ""
         print(
-            f"  one worker, 100 appenders: PostgresLog {postgres:,.0f} appends/s, SqliteLog "
-            f"{sqlite:,.0f} (median of {args.repeats}; target: no lower): "
-            f"{'met' if postgres >= sqlite else 'NOT met'}"
+            f"  one worker, {count} appenders: PostgresLog {postgres:,.0f} appends/s, SqliteLog "
+            f"{sqlite:,.0f} (medians of {args.repeats}), ratio {postgres / sqlite:.2f}"
+            f"{target}{verdict}"
         )
 
 

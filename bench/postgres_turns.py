@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import psycopg
 
 from host import SPEC, Latency, _replied_at, scripted_model, step
 from turnkeeper.logs import PostgresLog
@@ -50,7 +51,7 @@ class TimedPostgresLog(PostgresLog):
         await super()._open()
         commit = self._writer._commit
 
-        def timed(writes: list[Write], made: list[Any]) -> None:
+        def timed(writes: list[Write], made: list[psycopg.Connection[Any]]) -> None:
             commit(writes, made)
             done = time.perf_counter()
             for write in writes:

@@ -57,7 +57,7 @@ class TimedPostgresLog(PostgresLog):
             for write in writes:
                 self._committed_at[id(write)] = done
 
-        self._writer._commit = timed  # type: ignore[method-assign]
+        self._writer._commit = timed  # type: ignore[method-assign,assignment]
 
     async def _write(self, write: Write) -> None:
         replied = _replied_at.get()

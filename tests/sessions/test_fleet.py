@@ -282,3 +282,16 @@ async def test_a_long_poll_on_a_worker_that_does_not_own_the_session_wakes_on_it
         assert await b.events(session_id, after=last, wait=0.3) == []
         with pytest.raises(UnknownSession):
             await b.events("local_nosuchsession", wait=0.1)
+
+
+@pytest.mark.anyio
+async def test_the_scan_runs_every_second_or_every_eighth_of_a_short_lease(
+    postgres_url: str,
+) -> None:
+    def scan_interval(lease: float, **options: float) -> float:
+        log = PostgresLog(postgres_url, worker_id=f"lease-{lease}", lease=lease)
+        return FleetHost(chat=chat, log=log, **options).scan_interval
+
+    intervals = {lease: scan_interval(lease) for lease in (10.0, 8.0, 2.0, 0.5)}
+    assert intervals == {10.0: 1.0, 8.0: 1.0, 2.0: 0.25, 0.5: 0.0625}
+    assert scan_interval(2.0, scan_interval=0.7) == 0.7

@@ -68,6 +68,10 @@ class Waiters:
                 if not waiting:
                     del self._by_topic[topic]
 
+    def waiting(self) -> bool:
+        """In any thread: whether any task waits."""
+        return bool(self._by_topic)
+
     def of(self, topics: Iterable[Topic]) -> list[_Waiter]:
         """In any thread: the waiters on `topics`."""
         with self._lock:
@@ -131,7 +135,10 @@ class Listener:
                     notes = list(connection.notifies(timeout=timeout, stop_after=1))
                     if notes:
                         notes += connection.notifies(timeout=0)
-                        self._woken([note.payload for note in notes], connection)
+                        # With nobody waiting, nobody to wake: a waiter checks for itself
+                        # once it is registered, so what came before is not missed.
+                        if self._waiters.waiting():
+                            self._woken([note.payload for note in notes], connection)
                     if time.monotonic() >= due:
                         self._recheck(connection)
                         due = time.monotonic() + self._requery

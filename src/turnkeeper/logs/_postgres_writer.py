@@ -13,11 +13,13 @@ from turnkeeper.core import LogCorrupt, LogError
 from turnkeeper.logs._log import SeqConflict
 from turnkeeper.logs._shared import FenceLost
 
+# Parameters in binary (%b): arrays dumped as they are, not quoted as text (which costs
+# a regular expression per element of a text array).
 _APPEND = (
     "SELECT batch, code, actual, epoch, owner_name FROM turnkeeper_append("
-    "%s, %s::text[], %s::bigint[], %s::bigint[], %s::integer[], %s::integer[], "
-    "%s::integer[], %s::text, %s::double precision[], %s::text[], %s::integer[], "
-    "%s::bigint[], %s::integer[], %s::bigint[], %s::text[], %s)"
+    "%b, %b::text[], %b::bigint[], %b::bigint[], %b::integer[], %b::integer[], "
+    "%b::integer[], %b::text, %b::double precision[], %b::text[], %b::integer[], "
+    "%b::bigint[], %b::integer[], %b::bigint[], %b::text[], %b)"
 )
 # Rounds committed at once, each by a thread on a connection of its own: while one
 # round's commit is flushed, the next is written.

@@ -60,7 +60,8 @@ from turnkeeper.sessions._host_records import (
 class FleetHost(FleetOwner):
     """A Host on a SharedLog, one worker of a fleet: `async with FleetHost(chat=..., log=
     PostgresLog(url)) as host`. It takes every option a Host does, and `scan_interval`
-    (the mean seconds between takeover scans) and `outcome_wait` (how long a request
+    (the mean seconds between takeover scans; by default a second, or an eighth of the
+    log's lease when that is shorter than 8 s) and `outcome_wait` (how long a request
     posted to another worker's inbox waits to hear what came of it; by default the
     lease and two scans, long enough for a takeover if that worker is dead).
 

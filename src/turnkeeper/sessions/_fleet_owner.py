@@ -40,6 +40,10 @@ from turnkeeper.state import fold
 
 _log = json_log(logging.getLogger("turnkeeper.fleet"))
 
+# The takeover scan's mean interval at the default lease (10 s), and its least number
+# per lease when the lease is short.
+_SCAN_INTERVAL = 1.0
+_SCANS_PER_LEASE = 8
 # How often a worker whose lease is in doubt looks again.
 _LEASE_POLL = 0.05
 # Waits longer than this are made of waits this long (a log refuses an infinite one).
@@ -80,6 +84,13 @@ class _Consuming:
 _consuming: ContextVar[_Consuming | None] = ContextVar("turnkeeper_consuming", default=None)
 
 
+def default_scan_interval(lease: float) -> float:
+    """The mean seconds between takeover scans by default: a second, or an eighth of the
+    lease when it is shorter than 8 s, so that a dead worker's sessions move within the
+    lease and a fraction of it (a 2 s lease: scans every 0.25 s, jittered)."""
+    return min(_SCAN_INTERVAL, lease / _SCANS_PER_LEASE)
+
+
 def session_id_for(request_id: str) -> str:
     """The id of the session a create with this idempotency key makes: the same on every
     worker, so that a create sent again (to any worker) finds the session the first made."""
@@ -93,7 +104,7 @@ class FleetOwner(Host):
         self,
         *,
         log: SharedLog,
-        scan_interval: float = 1.0,
+        scan_interval: float | None = None,
         outcome_wait: float | None = None,
         **options: Any,
     ) -> None:
@@ -101,6 +112,8 @@ class FleetOwner(Host):
             raise InputError(
                 f"FleetHost: log: expected a SharedLog (PostgresLog), got {type(log).__name__}"
             )
+        if scan_interval is None:
+            scan_interval = default_scan_interval(log.lease)
         check_seconds("FleetHost: scan_interval", scan_interval, positive=True)
         if outcome_wait is not None:
             check_seconds("FleetHost: outcome_wait", outcome_wait, optional=True)

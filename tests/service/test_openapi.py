@@ -56,7 +56,7 @@ async def test_every_route_is_documented_and_every_documented_route_exists() -> 
         for method in route.methods or ()
         if method != "HEAD"
     }
-    assert len(served) == 16
+    assert len(served) == 17
     assert served == documented()
 
 

@@ -7,11 +7,13 @@ folding a session's log reproduces its live state exactly.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from operator import attrgetter
 from typing import Any, Literal
 
 import msgspec
 
 from turnkeeper.core import (
+    MAX_ARGUMENT_DEPTH,
     AgentSpec,
     GuardConfig,
     InputError,
@@ -720,6 +722,7 @@ class _Trip:
         "last_failure",
         "last_response",
         "pending",
+        "pending_ids",
         "polls",
         "prompt_tokens",
         "reply_calls",
@@ -736,6 +739,9 @@ class _Trip:
         self.polls = state.polls
         self.seen = set(state.seen)
         self.pending = state.pending
+        # The ids of the pending calls, for the `local.tool_call` and `local.tool_result`
+        # events a fold applies in place (a tuple: most replies make one call).
+        self.pending_ids: tuple[str, ...] | frozenset[str] = tuple(use.id for use in state.pending)
         self.called = set(state.called)
         self.reply_calls = state.reply_calls
         self.prompt_tokens = 0
@@ -791,18 +797,26 @@ class _Trip:
     def call(self, event: ModelResponded) -> bool:
         """Apply a model response that calls tools, as `_apply_response` does; False, and
         nothing changed, for any other response."""
-        try:
-            # Each message once: nothing to gain from remembering it.
-            uses = decode_tool_uses(event.message)
-        except TypeError:
+        message = event.message
+        calls = message.get("tool_calls")
+        if not calls:
             return False
-        if not uses:
-            return False
-        self.history.append(event.message)
+        # Most replies make one plain call: it needs no list of calls or of keys.
+        plain = _plain_call(calls[0]) if type(calls) is list and len(calls) == 1 else None
+        if plain is not None:
+            use, key = plain
+            self.seen.add(key)
+            uses: tuple[ToolUse, ...] = (use,)
+        else:
+            try:
+                # Each message once: nothing to gain from remembering it.
+                uses = decode_tool_uses(message)
+            except TypeError:
+                return False
+            self.seen.update([call_key(use.name, use.input) for use in uses])
+        self.pending_ids = tuple([use.id for use in uses]) if plain is None else (use.id,)
+        self.history.append(message)
         self.polls += 1
-        seen = self.seen
-        for use in uses:
-            seen.add(call_key(use.name, use.input))
         self.pending = self.reply_calls = uses
         self.called.clear()
         usage = event.usage
@@ -814,51 +828,40 @@ class _Trip:
         self.stop_reason = "tool_use"
         return True
 
-    def announce(self, event: ToolCalled) -> None:
-        """Apply a call's `local.tool_call`, as `_apply_called` does."""
-        call_id = event.tool_call_id
-        for use in self.pending:
-            if use.id == call_id:
-                self.called.add(call_id)
-                return
-
-    def answer(self, event: ToolReturned) -> None:
-        """Apply a tool's result, as `_apply_returned` does."""
-        call_id = event.tool_call_id
-        for use in self.pending:
-            if use.id == call_id:
-                self.returned.append(event)
-                return
-
     def close(self, event: ToolResultsReceived) -> bool:
         """Apply the results of the pending calls, as `_apply_results` does, when there is
         nothing else to do: results in call order, no error or error count to change, no
         answer loop detection must remember or compare, no deferred directive. False, and
         nothing changed, otherwise."""
-        results = results_of(self.returned, event)
         pending = self.pending
-        if results is None or len(results) != len(pending) or self.state.deferred:
+        count = len(pending)
+        if len(event.results) != count or self.state.deferred:
+            return False
+        if count == 1 and self._close_one(event, pending[0]):
+            return True
+        answers = self._answers(event, count)
+        if answers is None:
             return False
         closable = self.closable
-        for index, result in enumerate(results):
+        for index, (call_id, _, is_error) in enumerate(answers):
             use = pending[index]
-            if result.tool_use_id != use.id or result.is_error:
+            if call_id != use.id or is_error:
                 return False
             if use.name not in closable:
                 if not self._may_close(use.name):
                     return False
                 closable.add(use.name)
-        if len(pending) > 1 and len({use.id for use in pending}) < len(pending):
+        if count > 1 and len({use.id for use in pending}) < count:
             # Two calls of one id: the rule says what is wrong.
             return False
-        answers = self.state.answers
-        if answers and any(call_key(use.name, use.input) in answers for use in pending):
+        state_answers = self.state.answers
+        if state_answers and any(call_key(use.name, use.input) in state_answers for use in pending):
             return False
         history = self.history
-        for result in results:
-            history.append(tool_message(result.tool_use_id, result.text))
+        for call_id, text, _ in answers:
+            history.append(tool_message(call_id, text))
         self.returned.clear()
-        if results:
+        if answers:
             self.last_failure = None
         self.pending = ()
         self.status = "running"
@@ -866,11 +869,119 @@ class _Trip:
         self.stop_reason = None
         return True
 
+    def _close_one(self, event: ToolResultsReceived, use: ToolUse) -> bool:
+        """`close` of the one pending call `use` (`event` holding one result), when its
+        result is given by position and its `local.tool_result` was the only one: False,
+        and nothing changed, otherwise (`close` then sees to it)."""
+        returned = self.returned
+        if len(returned) != 1 or event.logged != _IN_ORDER[1]:
+            return False
+        answer = returned[0]
+        call_id = use.id
+        if (
+            type(answer) is not ToolReturned
+            or answer.tool_call_id != call_id
+            or event.results[0].tool_use_id != call_id
+            or answer.is_error
+        ):
+            return False
+        name = use.name
+        if name not in self.closable:
+            if not self._may_close(name):
+                return False
+            self.closable.add(name)
+        answers = self.state.answers
+        if answers and call_key(name, use.input) in answers:
+            return False
+        self.history.append(tool_message(call_id, answer.text))
+        returned.clear()
+        self.last_failure = None
+        self.pending = ()
+        self.status = "running"
+        self.in_poll = True
+        self.stop_reason = None
+        return True
+
+    def _answers(
+        self, event: ToolResultsReceived, count: int
+    ) -> list[tuple[str, str, bool]] | None:
+        """The event's `count` results whole, as (call id, text, is error), as `results_of`
+        gives them; None where it does. Most often each is given by position and the
+        `local.tool_result` events came one per pending call, in call order: they are the
+        results, found without looking them up."""
+        returned = self.returned
+        if count < len(_IN_ORDER) and event.logged == _IN_ORDER[count] and len(returned) == count:
+            results = event.results
+            pending = self.pending
+            answers: list[tuple[str, str, bool]] = []
+            for index, answer in enumerate(returned):
+                call_id = pending[index].id
+                if (
+                    type(answer) is not ToolReturned
+                    or answer.tool_call_id != call_id
+                    or results[index].tool_use_id != call_id
+                ):
+                    break
+                answers.append((call_id, answer.text, answer.is_error))
+            else:
+                return answers
+        whole = results_of(returned, event)
+        if whole is None:
+            return None
+        return [(result.tool_use_id, result.text, result.is_error) for result in whole]
+
     def _may_close(self, name: str) -> bool:
         """Whether `close` may apply a result of tool `name`: its error count stays as it
         is and loop detection need not remember its answers."""
         state = self.state
         return name not in state.error_counts and not _can_run_again(state, name)
+
+
+_seq_of = attrgetter("seq")
+_session_of = attrgetter("session_id")
+_IN_ORDER = tuple(tuple(range(count)) for count in range(8))
+"""`logged` of a `local.tool_results` event giving each of its `count` results by position."""
+_decode_json = msgspec.json.Decoder().decode
+_canonical = msgspec.json.Encoder(order="sorted").encode
+# What decoding a call's arguments, or encoding them canonically, may raise.
+_NOT_PLAIN = (
+    msgspec.DecodeError,
+    msgspec.EncodeError,
+    RecursionError,
+    OverflowError,
+    TypeError,
+    ValueError,
+)
+
+
+def _plain_call(call: object) -> tuple[ToolUse, str] | None:
+    """A reply's tool call and its call key, as `decode_tool_uses` and `call_key` give
+    them, when the call is plain: a dict with a string id and a function dict with a
+    string name, and arguments a JSON object as text, nested no deeper than allowed.
+    None for anything else, which those functions handle (a fold's shortcut)."""
+    if type(call) is not dict:
+        return None
+    function = call.get("function")
+    if type(function) is not dict:
+        return None
+    call_id = call.get("id")
+    name = function.get("name")
+    arguments = function.get("arguments")
+    if type(call_id) is not str or type(name) is not str or type(arguments) is not str:
+        return None
+    # Nested deeper than allowed takes more brackets than that, and so more characters.
+    if (
+        len(arguments) > MAX_ARGUMENT_DEPTH
+        and arguments.count("{") + arguments.count("[") > MAX_ARGUMENT_DEPTH
+    ):
+        return None
+    try:
+        value = _decode_json(arguments)
+        if type(value) is not dict:
+            return None
+        return ToolUse(call_id, name, value), name + "\x1f" + _canonical(value).decode()
+    except _NOT_PLAIN:
+        return None
 
 
 def fold(state: SessionState, events: Iterable[Envelope]) -> SessionState:
@@ -883,22 +994,36 @@ def fold(state: SessionState, events: Iterable[Envelope]) -> SessionState:
     its history. Every other event goes through its rule. Rules only ever add messages at
     the end of the history, so a rule gets a state holding none of it, and the messages
     it adds join the fold's list: the history is made once, at the end.
+
+    The events' seqs and session ids are checked all at once first, a column at a time;
+    only when one does not follow are they checked one by one, to fail where
+    `apply_event` would.
     """
+    envelopes = events if isinstance(events, list | tuple) else list(events)
     session_id = state.session_id
+    first = state.seq + 1
+    checked = not (
+        list(map(_seq_of, envelopes)) == list(range(first, first + len(envelopes)))
+        and list(map(_session_of, envelopes)).count(session_id) == len(envelopes)
+    )
     seq = state.seq
     rules = _RULES
     history = list(state.history)
     trip = _Trip(state, history)
-    for envelope in events:
+    for envelope in envelopes:
         seq += 1
-        if envelope.seq != seq or envelope.session_id != session_id:
+        if checked and (envelope.seq != seq or envelope.session_id != session_id):
             raise _out_of_order(session_id, seq, envelope)
         event = envelope.event
         if type(event) is ToolCalled:
-            trip.announce(event)
+            # As `_apply_called` does.
+            if event.tool_call_id in trip.pending_ids:
+                trip.called.add(event.tool_call_id)
             continue
         if type(event) is ToolReturned:
-            trip.answer(event)
+            # As `_apply_returned` does.
+            if event.tool_call_id in trip.pending_ids:
+                trip.returned.append(event)
             continue
         if (type(event) is ModelResponded and trip.call(event)) or (
             type(event) is ToolResultsReceived and trip.close(event)

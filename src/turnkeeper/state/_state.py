@@ -62,6 +62,19 @@ requires_action: waits for the results of `pending`. halted: a guard stopped the
 
 _compact = msgspec.json.Encoder()
 
+_NONE: frozenset[str] = frozenset()
+"""The empty set every state holds for an empty `seen`, `called` or `texts`: each
+`frozenset()` is another object (of 216 bytes), and most states have one or two."""
+
+
+_NO_USAGE = Usage()
+"""What a new episode has used so far, shared (as `SessionState`'s default is)."""
+
+
+def _frozen(items: set[str]) -> frozenset[str]:
+    """`items` as a frozenset, the shared one if empty."""
+    return frozenset(items) if items else _NONE
+
 
 class SessionState(msgspec.Struct, frozen=True, gc=False):
     """Everything a session is, immutable. Advanced only by applying events.
@@ -91,15 +104,15 @@ class SessionState(msgspec.Struct, frozen=True, gc=False):
     status: Status = "idle"
     in_poll: bool = False
     polls: int = 0
-    seen: frozenset[str] = frozenset()
+    seen: frozenset[str] = _NONE
     error_counts: dict[str, int] = {}
     pending: tuple[ToolUse, ...] = ()
-    called: frozenset[str] = frozenset()
-    usage: Usage = Usage()
-    episode_usage: Usage = Usage()
+    called: frozenset[str] = _NONE
+    usage: Usage = _NO_USAGE
+    episode_usage: Usage = _NO_USAGE
     episode_started: float | None = None
     answers: dict[str, str] = {}
-    texts: frozenset[str] = frozenset()
+    texts: frozenset[str] = _NONE
     repeats: int = 0
     warnings: int = 0
     warned_repeats: int = 0
@@ -345,13 +358,13 @@ def _apply_message(state: SessionState, event: Any, envelope: Envelope) -> Sessi
         status="running",
         in_poll=True,
         polls=0,
-        seen=frozenset(),
+        seen=_NONE,
         error_counts={},
         pending=(),
-        episode_usage=Usage(),
+        episode_usage=_NO_USAGE,
         episode_started=envelope.at,
         answers={},
-        texts=frozenset(),
+        texts=_NONE,
         repeats=0,
         warnings=0,
         warned_repeats=0,
@@ -520,7 +533,7 @@ def _apply_response(state: SessionState, event: Any, envelope: Envelope) -> Sess
         repeats=repeats,
         last_repeat=last_repeat,
         pending=uses,
-        called=frozenset(),
+        called=_NONE,
         usage=state.usage + event.usage,
         episode_usage=state.episode_usage + event.usage,
         last_unreadable=logged_unreadable(event.response),
@@ -660,7 +673,7 @@ class _Memory:
         """`state` with what this memory holds, and `changes`."""
         return _replace(
             state,
-            seen=self.seen if isinstance(self.seen, frozenset) else frozenset(self.seen),
+            seen=self.seen if isinstance(self.seen, frozenset) else _frozen(self.seen),
             error_counts=self.error_counts,
             answers=self.answers,
             repeats=self.repeats,
@@ -767,9 +780,9 @@ class _Trip:
             seq=seq,
             history=history,
             polls=self.polls,
-            seen=frozenset(self.seen),
+            seen=_frozen(self.seen),
             pending=self.pending,
-            called=frozenset(self.called),
+            called=_frozen(self.called),
             reply_calls=self.reply_calls,
             usage=Usage(usage.prompt_tokens + prompt, usage.completion_tokens + completion),
             episode_usage=Usage(

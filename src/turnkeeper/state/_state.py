@@ -7,7 +7,6 @@ folding a session's log reproduces its live state exactly.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from operator import attrgetter
 from typing import Any, Literal
 
 import msgspec
@@ -734,6 +733,7 @@ class _Trip:
         "in_poll",
         "last_failure",
         "last_response",
+        "moved",
         "pending",
         "pending_ids",
         "polls",
@@ -766,11 +766,20 @@ class _Trip:
         self.stop_reason = state.stop_reason
         self.returned: list[ToolResult | ToolReturned] = list(state.returned)
         self.closable: set[str] = set()
+        # Whether a response or results were applied (`call`, `close`).
+        self.moved = False
 
     def put(self, seq: int, history: tuple[Message, ...] = ()) -> SessionState:
         """The state at `seq` with the round trips applied, holding `history` (a rule's
         state holds none: what the rule adds is then all its state holds)."""
         state = self.state
+        if not self.moved and (len(self.called), len(self.returned)) == (
+            len(state.called),
+            len(state.returned),
+        ):
+            # Nothing applied (calls are only ever added to `called` and results to
+            # `returned`, until a response or results clear them).
+            return _replace(state, seq=seq, history=history)
         prompt = self.prompt_tokens
         completion = self.completion_tokens
         usage = state.usage
@@ -831,11 +840,13 @@ class _Trip:
         self.history.append(message)
         self.polls += 1
         self.pending = self.reply_calls = uses
-        self.called.clear()
+        if self.called:
+            self.called.clear()
         usage = event.usage
         self.prompt_tokens += usage.prompt_tokens
         self.completion_tokens += usage.completion_tokens
         self.last_response = event.response
+        self.moved = True
         self.status = "requires_action"
         self.in_poll = False
         self.stop_reason = "tool_use"
@@ -877,6 +888,7 @@ class _Trip:
         if answers:
             self.last_failure = None
         self.pending = ()
+        self.moved = True
         self.status = "running"
         self.in_poll = True
         self.stop_reason = None
@@ -910,6 +922,7 @@ class _Trip:
         returned.clear()
         self.last_failure = None
         self.pending = ()
+        self.moved = True
         self.status = "running"
         self.in_poll = True
         self.stop_reason = None
@@ -950,8 +963,6 @@ class _Trip:
         return name not in state.error_counts and not _can_run_again(state, name)
 
 
-_seq_of = attrgetter("seq")
-_session_of = attrgetter("session_id")
 _IN_ORDER = tuple(tuple(range(count)) for count in range(8))
 """`logged` of a `local.tool_results` event giving each of its `count` results by position."""
 _decode_json = msgspec.json.Decoder().decode
@@ -977,9 +988,13 @@ def _plain_call(call: object) -> tuple[ToolUse, str] | None:
     function = call.get("function")
     if type(function) is not dict:
         return None
-    call_id = call.get("id")
-    name = function.get("name")
-    arguments = function.get("arguments")
+    try:
+        # Indexed: a dict's own lookup, where `get` is a method call.
+        call_id = call["id"]
+        name = function["name"]
+        arguments = function["arguments"]
+    except KeyError:
+        return None
     if type(call_id) is not str or type(name) is not str or type(arguments) is not str:
         return None
     # Nested deeper than allowed takes more brackets than that, and so more characters.
@@ -1007,25 +1022,15 @@ def fold(state: SessionState, events: Iterable[Envelope]) -> SessionState:
     its history. Every other event goes through its rule. Rules only ever add messages at
     the end of the history, so a rule gets a state holding none of it, and the messages
     it adds join the fold's list: the history is made once, at the end.
-
-    The events' seqs and session ids are checked all at once first, a column at a time;
-    only when one does not follow are they checked one by one, to fail where
-    `apply_event` would.
     """
-    envelopes = events if isinstance(events, list | tuple) else list(events)
     session_id = state.session_id
-    first = state.seq + 1
-    checked = not (
-        list(map(_seq_of, envelopes)) == list(range(first, first + len(envelopes)))
-        and list(map(_session_of, envelopes)).count(session_id) == len(envelopes)
-    )
     seq = state.seq
     rules = _RULES
     history = list(state.history)
     trip = _Trip(state, history)
-    for envelope in envelopes:
+    for envelope in events:
         seq += 1
-        if checked and (envelope.seq != seq or envelope.session_id != session_id):
+        if envelope.seq != seq or envelope.session_id != session_id:
             raise _out_of_order(session_id, seq, envelope)
         event = envelope.event
         if type(event) is ToolCalled:

@@ -13,6 +13,7 @@ from typing import Any, Literal
 import msgspec
 
 from turnkeeper.core import (
+    MAX_ARGUMENT_DEPTH,
     AgentSpec,
     GuardConfig,
     InputError,
@@ -65,6 +66,19 @@ requires_action: waits for the results of `pending`. halted: a guard stopped the
 
 _compact = msgspec.json.Encoder()
 
+_NONE: frozenset[str] = frozenset()
+"""The empty set every state holds for an empty `seen`, `called` or `texts`: each
+`frozenset()` is another object (of 216 bytes), and most states have one or two."""
+
+
+_NO_USAGE = Usage()
+"""What a new episode has used so far, shared (as `SessionState`'s default is)."""
+
+
+def _frozen(items: set[str]) -> frozenset[str]:
+    """`items` as a frozenset, the shared one if empty."""
+    return frozenset(items) if items else _NONE
+
 
 class SessionState(msgspec.Struct, frozen=True, gc=False):
     """Everything a session is, immutable. Advanced only by applying events.
@@ -96,16 +110,16 @@ class SessionState(msgspec.Struct, frozen=True, gc=False):
     status: Status = "idle"
     in_poll: bool = False
     polls: int = 0
-    seen: frozenset[str] = frozenset()
+    seen: frozenset[str] = _NONE
     error_counts: dict[str, int] = {}
     pending: tuple[ToolUse, ...] = ()
-    called: frozenset[str] = frozenset()
+    called: frozenset[str] = _NONE
     approvals: dict[str, ApprovalDecided | None] = {}
-    usage: Usage = Usage()
-    episode_usage: Usage = Usage()
+    usage: Usage = _NO_USAGE
+    episode_usage: Usage = _NO_USAGE
     episode_started: float | None = None
     answers: dict[str, str] = {}
-    texts: frozenset[str] = frozenset()
+    texts: frozenset[str] = _NONE
     repeats: int = 0
     warnings: int = 0
     warned_repeats: int = 0
@@ -351,14 +365,14 @@ def _apply_message(state: SessionState, event: Any, envelope: Envelope) -> Sessi
         status="running",
         in_poll=True,
         polls=0,
-        seen=frozenset(),
+        seen=_NONE,
         error_counts={},
         pending=(),
-        episode_usage=Usage(),
+        episode_usage=_NO_USAGE,
         episode_started=envelope.at,
         approvals={},
         answers={},
-        texts=frozenset(),
+        texts=_NONE,
         repeats=0,
         warnings=0,
         warned_repeats=0,
@@ -550,7 +564,7 @@ def _apply_response(state: SessionState, event: Any, envelope: Envelope) -> Sess
         repeats=repeats,
         last_repeat=last_repeat,
         pending=uses,
-        called=frozenset(),
+        called=_NONE,
         approvals={},
         usage=state.usage + event.usage,
         episode_usage=state.episode_usage + event.usage,
@@ -691,7 +705,7 @@ class _Memory:
         """`state` with what this memory holds, and `changes`."""
         return _replace(
             state,
-            seen=self.seen if isinstance(self.seen, frozenset) else frozenset(self.seen),
+            seen=self.seen if isinstance(self.seen, frozenset) else _frozen(self.seen),
             error_counts=self.error_counts,
             answers=self.answers,
             repeats=self.repeats,
@@ -756,7 +770,9 @@ class _Trip:
         "in_poll",
         "last_failure",
         "last_response",
+        "moved",
         "pending",
+        "pending_ids",
         "polls",
         "prompt_tokens",
         "reply_calls",
@@ -773,6 +789,9 @@ class _Trip:
         self.polls = state.polls
         self.seen = set(state.seen)
         self.pending = state.pending
+        # The ids of the pending calls, for the `local.tool_call` and `local.tool_result`
+        # events a fold applies in place (a tuple: most replies make one call).
+        self.pending_ids: tuple[str, ...] | frozenset[str] = tuple(use.id for use in state.pending)
         self.called = set(state.called)
         self.reply_calls = state.reply_calls
         self.prompt_tokens = 0
@@ -785,11 +804,20 @@ class _Trip:
         self.stop_reason = state.stop_reason
         self.returned: list[ToolResult | ToolReturned] = list(state.returned)
         self.closable: set[str] = set()
+        # Whether a response or results were applied (`call`, `close`).
+        self.moved = False
 
     def put(self, seq: int, history: tuple[Message, ...] = ()) -> SessionState:
         """The state at `seq` with the round trips applied, holding `history` (a rule's
         state holds none: what the rule adds is then all its state holds)."""
         state = self.state
+        if not self.moved and (len(self.called), len(self.returned)) == (
+            len(state.called),
+            len(state.returned),
+        ):
+            # Nothing applied (calls are only ever added to `called` and results to
+            # `returned`, until a response or results clear them).
+            return _replace(state, seq=seq, history=history)
         prompt = self.prompt_tokens
         completion = self.completion_tokens
         usage = state.usage
@@ -799,9 +827,9 @@ class _Trip:
             seq=seq,
             history=history,
             polls=self.polls,
-            seen=frozenset(self.seen),
+            seen=_frozen(self.seen),
             pending=self.pending,
-            called=frozenset(self.called),
+            called=_frozen(self.called),
             reply_calls=self.reply_calls,
             usage=Usage(
                 usage.prompt_tokens + prompt,
@@ -835,89 +863,202 @@ class _Trip:
     def call(self, event: ModelResponded) -> bool:
         """Apply a model response that calls tools, as `_apply_response` does; False, and
         nothing changed, for any other response."""
-        try:
-            # Each message once: nothing to gain from remembering it.
-            uses = decode_tool_uses(event.message)
-        except TypeError:
+        message = event.message
+        calls = message.get("tool_calls")
+        if not calls:
             return False
-        if not uses or self.state.approvals:
+        if self.state.approvals:
             # A reply after approvals were asked for: the rule clears them.
             return False
-        self.history.append(event.message)
+        # Most replies make one plain call: it needs no list of calls or of keys.
+        plain = _plain_call(calls[0]) if type(calls) is list and len(calls) == 1 else None
+        if plain is not None:
+            use, key = plain
+            self.seen.add(key)
+            uses: tuple[ToolUse, ...] = (use,)
+        else:
+            try:
+                # Each message once: nothing to gain from remembering it.
+                uses = decode_tool_uses(message)
+            except TypeError:
+                return False
+            self.seen.update([call_key(use.name, use.input) for use in uses])
+        self.pending_ids = tuple([use.id for use in uses]) if plain is None else (use.id,)
+        self.history.append(message)
         self.polls += 1
-        seen = self.seen
-        for use in uses:
-            seen.add(call_key(use.name, use.input))
         self.pending = self.reply_calls = uses
-        self.called.clear()
+        if self.called:
+            self.called.clear()
         usage = event.usage
         self.prompt_tokens += usage.prompt_tokens
         self.completion_tokens += usage.completion_tokens
         if usage.cost is not None:
             self.cost = add_costs(self.cost, usage.cost)
         self.last_response = event.response
+        self.moved = True
         self.status = "requires_action"
         self.in_poll = False
         self.stop_reason = "tool_use"
         return True
-
-    def announce(self, event: ToolCalled) -> None:
-        """Apply a call's `local.tool_call`, as `_apply_called` does."""
-        call_id = event.tool_call_id
-        for use in self.pending:
-            if use.id == call_id:
-                self.called.add(call_id)
-                return
-
-    def answer(self, event: ToolReturned) -> None:
-        """Apply a tool's result, as `_apply_returned` does."""
-        call_id = event.tool_call_id
-        for use in self.pending:
-            if use.id == call_id:
-                self.returned.append(event)
-                return
 
     def close(self, event: ToolResultsReceived) -> bool:
         """Apply the results of the pending calls, as `_apply_results` does, when there is
         nothing else to do: results in call order, no error or error count to change, no
         answer loop detection must remember or compare, no deferred directive. False, and
         nothing changed, otherwise."""
-        results = results_of(self.returned, event)
         pending = self.pending
-        if results is None or len(results) != len(pending) or self.state.deferred:
+        count = len(pending)
+        if len(event.results) != count or self.state.deferred:
+            return False
+        if count == 1 and self._close_one(event, pending[0]):
+            return True
+        answers = self._answers(event, count)
+        if answers is None:
             return False
         closable = self.closable
-        for index, result in enumerate(results):
+        for index, (call_id, _, is_error) in enumerate(answers):
             use = pending[index]
-            if result.tool_use_id != use.id or result.is_error:
+            if call_id != use.id or is_error:
                 return False
             if use.name not in closable:
                 if not self._may_close(use.name):
                     return False
                 closable.add(use.name)
-        if len(pending) > 1 and len({use.id for use in pending}) < len(pending):
+        if count > 1 and len({use.id for use in pending}) < count:
             # Two calls of one id: the rule says what is wrong.
             return False
-        answers = self.state.answers
-        if answers and any(call_key(use.name, use.input) in answers for use in pending):
+        state_answers = self.state.answers
+        if state_answers and any(call_key(use.name, use.input) in state_answers for use in pending):
             return False
         history = self.history
-        for result in results:
-            history.append(tool_message(result.tool_use_id, result.text))
+        for call_id, text, _ in answers:
+            history.append(tool_message(call_id, text))
         self.returned.clear()
-        if results:
+        if answers:
             self.last_failure = None
         self.pending = ()
+        self.moved = True
         self.status = "running"
         self.in_poll = True
         self.stop_reason = None
         return True
+
+    def _close_one(self, event: ToolResultsReceived, use: ToolUse) -> bool:
+        """`close` of the one pending call `use` (`event` holding one result), when its
+        result is given by position and its `local.tool_result` was the only one: False,
+        and nothing changed, otherwise (`close` then sees to it)."""
+        returned = self.returned
+        if len(returned) != 1 or event.logged != _IN_ORDER[1]:
+            return False
+        answer = returned[0]
+        call_id = use.id
+        if (
+            type(answer) is not ToolReturned
+            or answer.tool_call_id != call_id
+            or event.results[0].tool_use_id != call_id
+            or answer.is_error
+        ):
+            return False
+        name = use.name
+        if name not in self.closable:
+            if not self._may_close(name):
+                return False
+            self.closable.add(name)
+        answers = self.state.answers
+        if answers and call_key(name, use.input) in answers:
+            return False
+        self.history.append(tool_message(call_id, answer.text))
+        returned.clear()
+        self.last_failure = None
+        self.pending = ()
+        self.moved = True
+        self.status = "running"
+        self.in_poll = True
+        self.stop_reason = None
+        return True
+
+    def _answers(
+        self, event: ToolResultsReceived, count: int
+    ) -> list[tuple[str, str, bool]] | None:
+        """The event's `count` results whole, as (call id, text, is error), as `results_of`
+        gives them; None where it does. Most often each is given by position and the
+        `local.tool_result` events came one per pending call, in call order: they are the
+        results, found without looking them up."""
+        returned = self.returned
+        if count < len(_IN_ORDER) and event.logged == _IN_ORDER[count] and len(returned) == count:
+            results = event.results
+            pending = self.pending
+            answers: list[tuple[str, str, bool]] = []
+            for index, answer in enumerate(returned):
+                call_id = pending[index].id
+                if (
+                    type(answer) is not ToolReturned
+                    or answer.tool_call_id != call_id
+                    or results[index].tool_use_id != call_id
+                ):
+                    break
+                answers.append((call_id, answer.text, answer.is_error))
+            else:
+                return answers
+        whole = results_of(returned, event)
+        if whole is None:
+            return None
+        return [(result.tool_use_id, result.text, result.is_error) for result in whole]
 
     def _may_close(self, name: str) -> bool:
         """Whether `close` may apply a result of tool `name`: its error count stays as it
         is and loop detection need not remember its answers."""
         state = self.state
         return name not in state.error_counts and not _can_run_again(state, name)
+
+
+_IN_ORDER = tuple(tuple(range(count)) for count in range(8))
+"""`logged` of a `local.tool_results` event giving each of its `count` results by position."""
+_decode_json = msgspec.json.Decoder().decode
+_canonical = msgspec.json.Encoder(order="sorted").encode
+# What decoding a call's arguments, or encoding them canonically, may raise.
+_NOT_PLAIN = (
+    msgspec.DecodeError,
+    msgspec.EncodeError,
+    RecursionError,
+    OverflowError,
+    TypeError,
+    ValueError,
+)
+
+
+def _plain_call(call: object) -> tuple[ToolUse, str] | None:
+    """A reply's tool call and its call key, as `decode_tool_uses` and `call_key` give
+    them, when the call is plain: a dict with a string id and a function dict with a
+    string name, and arguments a JSON object as text, nested no deeper than allowed.
+    None for anything else, which those functions handle (a fold's shortcut)."""
+    if type(call) is not dict:
+        return None
+    function = call.get("function")
+    if type(function) is not dict:
+        return None
+    try:
+        # Indexed: a dict's own lookup, where `get` is a method call.
+        call_id = call["id"]
+        name = function["name"]
+        arguments = function["arguments"]
+    except KeyError:
+        return None
+    if type(call_id) is not str or type(name) is not str or type(arguments) is not str:
+        return None
+    # Nested deeper than allowed takes more brackets than that, and so more characters.
+    if (
+        len(arguments) > MAX_ARGUMENT_DEPTH
+        and arguments.count("{") + arguments.count("[") > MAX_ARGUMENT_DEPTH
+    ):
+        return None
+    try:
+        value = _decode_json(arguments)
+        if type(value) is not dict:
+            return None
+        return ToolUse(call_id, name, value), name + "\x1f" + _canonical(value).decode()
+    except _NOT_PLAIN:
+        return None
 
 
 def fold(state: SessionState, events: Iterable[Envelope]) -> SessionState:
@@ -942,10 +1083,14 @@ def fold(state: SessionState, events: Iterable[Envelope]) -> SessionState:
             raise _out_of_order(session_id, seq, envelope)
         event = envelope.event
         if type(event) is ToolCalled:
-            trip.announce(event)
+            # As `_apply_called` does.
+            if event.tool_call_id in trip.pending_ids:
+                trip.called.add(event.tool_call_id)
             continue
         if type(event) is ToolReturned:
-            trip.answer(event)
+            # As `_apply_returned` does.
+            if event.tool_call_id in trip.pending_ids:
+                trip.returned.append(event)
             continue
         if (type(event) is ModelResponded and trip.call(event)) or (
             type(event) is ToolResultsReceived and trip.close(event)

@@ -286,7 +286,7 @@ class Host(HostActor, HostRecovery, HostResting):
                     if session.running:
                         if session.scope is not None:
                             self._end_task(session)
-                        await session.done.wait()
+                        await session.task_ended()
                     async with session.lock:
                         # A task started meanwhile (a cancel that failed let it go on): end it.
                         if not session.running and session.state.status not in (
@@ -420,8 +420,7 @@ class Host(HostActor, HostRecovery, HostResting):
         try:
             with anyio.move_on_after(limit):
                 for session in list(self._sessions.values()):
-                    if session.running:
-                        await session.done.wait()
+                    await session.task_ended()
         finally:
             # Each session's own scope, not the task group's: the `async with` body runs
             # inside the group's scope and must survive an explicit stop(). Also the way

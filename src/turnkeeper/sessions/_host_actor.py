@@ -65,7 +65,6 @@ class HostActor(HostBase):
         if session.state.status in ("cancelled", "failed"):
             return
         session.running = True
-        session.done = anyio.Event()
         self._group.start_soon(self._run, session, name=f"session {session.state.session_id}")
 
     async def _run(self, session: _Session) -> None:
@@ -142,8 +141,7 @@ class HostActor(HostBase):
                     return
         finally:
             self._close_span(session)
-            session.running = False
-            session.done.set()
+            session.ended()
             self._note(session)
 
     async def _give_up(self, session: _Session) -> None:

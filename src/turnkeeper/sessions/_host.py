@@ -360,18 +360,21 @@ class Host(HostActor, HostRecovery, HostResting):
         """The session's events after seq `after`: from a read another poll began since
         `changed` became the change event, if there is one, else from a read of its own.
         (A thousand polls woken by one change made a thousand reads.)"""
-        shared = session.reads.get(after)
+        reads = session.reads
+        if reads is None:
+            reads = session.reads = {}
+        shared = reads.get(after)
         if shared is not None and shared.changed is changed:
             await shared.done.wait()
             if shared.found is not None:
                 return list(shared.found)
             # It failed, or the poll that began it gave up: read for ourselves.
-        shared = session.reads[after] = _SharedRead(changed)
+        shared = reads[after] = _SharedRead(changed)
         try:
             shared.found = await self.log.read(session.state.session_id, after=after)
         finally:
-            if session.reads.get(after) is shared:
-                del session.reads[after]
+            if reads.get(after) is shared:
+                del reads[after]
             shared.done.set()
         return list(shared.found)
 

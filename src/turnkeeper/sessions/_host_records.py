@@ -142,7 +142,8 @@ class _Session:
         # Calls whose `local.tool_call` is logged (or that are refused), with the
         # arguments their handler gets (None for a refused call).
         self.announced: dict[str, ToolUse | None] = {}
-        self.checked: tuple[tuple[ToolUse, ...], dict[str, str | None]] = ((), {})
+        # The refusal cache (`refusal`): the pending calls it is for, and each one's refusal.
+        self.checked: tuple[tuple[ToolUse, ...], dict[str, str | None]] | None = None
         # The actor takes it uncontended on every commit, with no checkpoint (the append
         # that follows has its own).
         self.lock = SessionLock()
@@ -154,8 +155,8 @@ class _Session:
         self.changed: anyio.Event | None = None
         self.rested: anyio.Event | None = None
         # Long-polls' reads of the log in flight, by `after`: one read serves every poll
-        # woken by the same change.
-        self.reads: dict[int, _SharedRead] = {}
+        # woken by the same change. None until the first long-poll reads.
+        self.reads: dict[int, _SharedRead] | None = None
         # Created by the first to wait for the session's task to end (`task_ended`), set
         # (then dropped) as it ends.
         self.done: anyio.Event | None = None
@@ -197,8 +198,10 @@ class _Session:
 
     def refusal(self, state: SessionState, use: ToolUse) -> str | None:
         """Why `use`, pending in `state`, must not run, or None; each call is checked once."""
-        pending, refusals = self.checked
-        if pending is not state.pending:
+        checked = self.checked
+        if checked is not None and checked[0] is state.pending:
+            refusals = checked[1]
+        else:
             refusals = {}
             self.checked = (state.pending, refusals)
         if use.id not in refusals:
@@ -233,13 +236,16 @@ class _SharedRead:
         self.found: list[Envelope] | None = None
 
 
+_NOT_ERRORED: tuple[bool, str | None] = (False, None)
+
+
 def _logged(last: Envelope) -> tuple[bool, str | None]:
-    """The errored flag and error of a session rebuilt from a log whose last event is `last`."""
+    """The errored flag and error of a session rebuilt from a log whose last event is `last`
+    (one tuple shared by every session whose last event is no failure)."""
     event = last.event
-    return (
-        last.type == "local.chat_error",
-        event.error if isinstance(event, ChatFailed | Failed) else None,
-    )
+    if not isinstance(event, ChatFailed | Failed):
+        return _NOT_ERRORED
+    return (last.type == "local.chat_error", event.error)
 
 
 def _session_of(state: SessionState, last: Envelope) -> _Session:

@@ -99,7 +99,7 @@ class Host(HostActor, HostRecovery, HostResting):
         try:
             await stack.enter_async_context(self._mcp)
             if self.max_model_calls is not None:
-                self._model_slots = Slots(self.max_model_calls)
+                self._model_slots = Slots(self.max_model_calls, self._grant_slot)
             self._group = await stack.enter_async_context(anyio.create_task_group())
             self._stack = stack
             self._accepting = True

@@ -131,7 +131,7 @@ class HostBase:
         self.tool_concurrency = tool_concurrency
         self.tool_timeout = tool_timeout
         self.max_model_calls = max_model_calls
-        self._model_slots: Slots | None = None
+        self._model_slots: Slots[_Session] | None = None
         self.clock = clock
         self.counters: dict[str, int] = {}
         # Every append's time, the recent ones apart (the last 5,000 to 10,000).

@@ -164,6 +164,10 @@ class _Session:
         # (`_end_task`), never in the middle of one of its appends.
         self.scope: anyio.CancelScope | None = None
         self.appending = False
+        # Waiting for a model-call slot, with no task (`Host._grant_slot` starts one), and
+        # granted one its task has not used yet.
+        self.waiting_slot = False
+        self.has_slot = False
         self.ending = False
         self.backing_off = False
         self.running = False

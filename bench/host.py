@@ -2,7 +2,7 @@
 
     python bench/host.py [--sessions 1000 10000] [--latency 0.05] [--round-trips 5]
                          [--max-model-calls 0 150] [--gc-threshold 50000]
-                         [--switch-interval 0.001]
+                         [--switch-interval 0.001] [--profile]
 
 All sessions start at once (as an orchestrator's requests would); each does
 `--round-trips` tool round trips against a scripted model that takes `--latency`
@@ -25,14 +25,22 @@ time (`--gc-threshold 0` keeps Python's). The interpreter's switch interval is l
 to 1 ms, as `turnkeeper serve` lowers it: the SQLite writer thread needs the GIL back
 after each commit, and the event loop's thread, busy with sessions, otherwise holds it
 for up to 5 ms at a time (`--switch-interval 0` keeps Python's).
+
+`--profile` runs each measurement under cProfile (the event loop's thread only) and prints
+where a turn's CPU goes, by module: each module's own Python time, with the time of the C
+functions it calls (msgspec's encoder, a list's append) counted to it, in µs per turn of
+the profiled run, and the functions that take most. The profiler slows the loop about
+twofold, so its shares matter, not its totals (the row above it is measured under it too).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextvars
+import cProfile
 import gc
 import json
+import pstats
 import resource
 import statistics
 import subprocess
@@ -98,7 +106,9 @@ class TimedLog(SqliteLog):
             committed = self._committed_at.pop(id(batch), None)
         if replied is None or committed is None:
             return
-        if any(envelope.type == "local.model_response" for envelope in batch.events):
+        # The scripted model reports nothing before its response: the response is the
+        # batch's first event (looked at alone, so the bench's own cost stays small).
+        if batch.events[0].type == "local.model_response":
             self.reply_to_durable.append(committed - replied)
             self.reply_to_return.append(time.perf_counter() - replied)
             _replied_at.set(None)
@@ -142,7 +152,9 @@ def scripted_model(latency: Latency, round_trips: int) -> Any:
 
     async def chat(request: dict[str, Any]) -> dict[str, Any]:
         await latency.wait()
-        done = sum(message["role"] == "tool" for message in request["messages"])
+        # The system prompt, the user's, then a call and its result per round trip (counted
+        # so, not by walking the messages: the stand-in's own cost stays small).
+        done = len(request["messages"]) // 2 - 1
         response = (
             tool_response(("step", {"n": done}))
             if done < round_trips
@@ -159,8 +171,12 @@ async def step(n: int) -> str:
 
 
 async def measure(
-    sessions: int, latency: float, round_trips: int, max_model_calls: int | None
-) -> dict[str, float]:
+    sessions: int,
+    latency: float,
+    round_trips: int,
+    max_model_calls: int | None,
+    profiler: cProfile.Profile | None = None,
+) -> dict[str, Any]:
     gc.collect()
     with tempfile.TemporaryDirectory() as folder:
         log = TimedLog(Path(folder) / "host.sqlite")
@@ -188,6 +204,8 @@ async def measure(
             async with host:
                 started = time.perf_counter()
                 cpu_started = time.thread_time()
+                if profiler is not None:
+                    profiler.enable()
                 async with anyio.create_task_group() as group:
                     group.start_soon(sample_rss)
                     group.start_soon(model_latency.run)
@@ -199,6 +217,8 @@ async def measure(
                     for session_id in ids:
                         await host.result(session_id)
                     group.cancel_scope.cancel()
+                if profiler is not None:
+                    profiler.disable()
                 elapsed = time.perf_counter() - started
                 cpu = time.thread_time() - cpu_started
                 peak = max(peak, rss_bytes())
@@ -211,6 +231,7 @@ async def measure(
     return {
         "sessions": sessions,
         "finished": finished,
+        "turns": turns,
         "turns_per_s": turns / elapsed,
         "loop_cpu_us_per_turn": cpu / turns * 1e6,
         "rss_per_session_kb": (peak - baseline) / sessions / 1024,
@@ -220,6 +241,74 @@ async def measure(
         "return_p50_ms": statistics.median(returned) * 1000,
         "return_p99_ms": returned[int(len(returned) * 0.99)] * 1000,
     }
+
+
+def module_of(file: str) -> str:
+    """The dotted module name of a source file (`turnkeeper.sessions._host_actor`)."""
+    for marker in ("/site-packages/", "/src/", "/lib/python3.11/", "/bench/"):
+        if marker in file:
+            file = file.rsplit(marker, 1)[1]
+            if marker == "/bench/":
+                file = "bench/" + file
+            break
+    name = file.removesuffix(".py").replace("/", ".").removesuffix(".__init__")
+    return name or "?"
+
+
+def package_of(module: str) -> str:
+    """The part of the code a module belongs to: turnkeeper's subpackages apart."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] in ("turnkeeper", "bench") else parts[0]
+
+
+def profiled(profiler: cProfile.Profile, turns: int) -> dict[str, Any]:
+    """The profile in µs per turn: by module (its Python code's own time, with that of
+    the C functions it calls) and the costliest functions."""
+    stats: dict[tuple[str, int, str], Any] = pstats.Stats(profiler).stats  # type: ignore[attr-defined]
+    modules: dict[str, float] = {}
+    functions: list[tuple[str, float, float]] = []
+    for (file, line, name), (_, calls, own, _, callers) in stats.items():
+        if file == "~":
+            label = name
+            counted = 0.0
+            for (caller_file, _, _), timing in callers.items():
+                if caller_file != "~":
+                    module = module_of(caller_file)
+                    modules[module] = modules.get(module, 0.0) + timing[2]
+                    counted += timing[2]
+            if own > counted:
+                modules["(C, called from C)"] = (
+                    modules.get("(C, called from C)", 0.0) + own - counted
+                )
+        else:
+            label = f"{module_of(file)}:{line}({name})"
+            modules[module_of(file)] = modules.get(module_of(file), 0.0) + own
+        functions.append((label, own, calls))
+    functions.sort(key=lambda function: -function[1])
+    return {
+        "modules": {module: seconds / turns * 1e6 for module, seconds in modules.items()},
+        "functions": [
+            (label, seconds / turns * 1e6, calls / turns)
+            for label, seconds, calls in functions[:25]
+        ],
+    }
+
+
+def print_profile(profile: dict[str, Any]) -> None:
+    """The profile as tables: by package, by module, and the costliest functions."""
+    modules: dict[str, float] = profile["modules"]
+    total = sum(modules.values())
+    packages: dict[str, float] = {}
+    for module, us in modules.items():
+        packages[package_of(module)] = packages.get(package_of(module), 0.0) + us
+    print(f"  profiled: {total:.0f} us/turn of the event loop's CPU (slowed by the profiler)")
+    for title, rows, count in (("package", packages, 12), ("module", modules, 25)):
+        print(f"  {title:<44} {'us/turn':>8} {'share':>6}")
+        for name, us in sorted(rows.items(), key=lambda row: -row[1])[:count]:
+            print(f"  {name:<44} {us:>8.1f} {us / total:>6.1%}")
+    print(f"  {'function (own time)':<70} {'us/turn':>8} {'calls/turn':>10}")
+    for label, us, calls in profile["functions"]:
+        print(f"  {label[-70:]:<70} {us:>8.1f} {calls:>10.1f}")
 
 
 def main() -> None:
@@ -247,6 +336,11 @@ def main() -> None:
         help="the interpreter's switch interval in seconds (sys.setswitchinterval); 0 keeps "
         "Python's",
     )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="profile the event loop's thread (cProfile) and print where a turn's CPU goes",
+    )
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
@@ -254,14 +348,18 @@ def main() -> None:
             gc.set_threshold(args.gc_threshold, *gc.get_threshold()[1:])
         if args.switch_interval:
             sys.setswitchinterval(args.switch_interval)
+        profiler = cProfile.Profile() if args.profile else None
         row = anyio.run(
             measure,
             args.sessions[0],
             args.latency,
             args.round_trips,
             args.max_model_calls[0] or None,
+            profiler,
             backend="trio",
         )
+        if profiler is not None:
+            row["profile"] = profiled(profiler, int(row["turns"]))
         print(json.dumps(row))
         return
     threshold = args.gc_threshold or gc.get_threshold()[0]
@@ -280,6 +378,7 @@ def main() -> None:
             command += ["--latency", str(args.latency), "--round-trips", str(args.round_trips)]
             command += ["--max-model-calls", str(limit), "--gc-threshold", str(args.gc_threshold)]
             command += ["--switch-interval", str(args.switch_interval)]
+            command += ["--profile"] if args.profile else []
             done = subprocess.run(command, check=True, capture_output=True, text=True)
             row = json.loads(done.stdout)
             print(
@@ -290,6 +389,8 @@ def main() -> None:
                 f"{row['return_p50_ms']:>8.1f} /{row['return_p99_ms']:>8.1f}",
                 flush=True,
             )
+            if "profile" in row:
+                print_profile(row["profile"])
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The SQLite log's writer thread: rounds, the socket watch and its hand-over, cancellation."""
+"""The SQLite log's writer thread: rounds, settling on the event loop, cancellation."""
 
 from __future__ import annotations
 

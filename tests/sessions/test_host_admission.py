@@ -104,6 +104,26 @@ async def test_max_model_calls_bounds_the_calls_in_flight() -> None:
         check_log(await log.read(session_id))
 
 
+async def test_sessions_waiting_for_a_model_call_slot_hold_no_task() -> None:
+    log = MemoryLog()
+    gate = Gate()
+    async with Host(chat=gate, log=log, max_model_calls=1) as host:
+        first = await host.start(SPEC, "first")
+        await gate.entered.wait()
+        waiting = [await host.start(SPEC, f"waiting {i}") for i in range(5)]
+        await anyio.wait_all_tasks_blocked()
+        for session_id in waiting:
+            assert (await host.status(session_id)).status == "running"
+            assert not host._sessions[session_id].running
+        assert host._sessions[first].running
+        gate.opened.set()
+        infos = [await settle(host, session_id) for session_id in [first, *waiting]]
+    assert [info.text for info in infos] == ["done"] * 6
+    assert gate.calls == 6
+    for session_id in [first, *waiting]:
+        check_log(await log.read(session_id))
+
+
 async def test_without_a_bound_the_calls_overlap() -> None:
     # Each call waits for the others, so how fast the sessions start does not matter.
     model = Meeting(6)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import re
 from typing import Any
 
 import pytest
@@ -9,7 +11,7 @@ import pytest
 from turnkeeper.core import AgentSpec, GuardConfig, InputError, TerminalTool, ToolSpec
 from turnkeeper.events import Envelope
 from turnkeeper.logs import decode_jsonl, encode_jsonl
-from turnkeeper.sessions import open_session
+from turnkeeper.sessions import new_session_id, open_session
 from turnkeeper.sessions._poll import opened_event
 from turnkeeper.state import replay
 
@@ -141,3 +143,22 @@ def test_values_json_does_not_hold_as_they_are_open_as_the_log_reads_them() -> N
     logged = [Envelope(state.session_id, 1, 0.0, opened_event(state))]
     replayed = replay(decode_jsonl(encode_jsonl(logged)).events)
     assert (replayed.spec, replayed.history) == (state.spec, state.history)
+
+
+def test_session_ids_are_fresh_across_reads_of_randomness_and_in_a_forked_child() -> None:
+    # More than one read of the system's randomness ahead (512 ids a read).
+    ids = [new_session_id() for _ in range(1500)]
+    assert len(set(ids)) == len(ids)
+    assert all(re.fullmatch("local_[0-9a-f]{16}", session_id) for session_id in ids)
+    receive, send = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.write(send, new_session_id().encode())
+        os._exit(0)
+    os.waitpid(pid, 0)
+    child = os.read(receive, 100).decode()
+    os.close(receive)
+    os.close(send)
+    # The child does not give the id the parent gives next (the ids it read ahead).
+    assert re.fullmatch("local_[0-9a-f]{16}", child)
+    assert child != new_session_id()

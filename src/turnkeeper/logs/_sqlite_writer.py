@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import socket
 import sqlite3
 import threading
 from collections.abc import Iterator
@@ -53,14 +51,10 @@ class Pending:
 
 
 class Round:
-    """Appends committed in one transaction, and how their tasks wait for it.
+    """Appends committed in one transaction; their tasks wait on `done`, set on the event
+    loop once every append has its outcome."""
 
-    Its tasks wait on `done`, set once every append has its outcome; the first to wait
-    while another task watches the socket waits on `lead` instead, so that the watch can
-    be handed to exactly one task of the round.
-    """
-
-    __slots__ = ("done", "lead", "pendings", "settled", "taken")
+    __slots__ = ("done", "pendings", "settled", "taken")
 
     def __init__(self) -> None:
         self.pendings: list[Pending] = []
@@ -68,7 +62,6 @@ class Round:
         self.taken = False
         self.settled = False
         self.done = anyio.Event()
-        self.lead: anyio.Event | None = None
 
 
 class Writer:
@@ -76,10 +69,9 @@ class Writer:
 
     Appends gather in a round while the round before commits; as soon as it has, the
     thread takes the gathered round, with no trip through the event loop in between, so
-    an append waits for at most the round before its own. The thread tells the event
-    loop through a socket: one waiting task watches it and settles every round committed
-    since, waking each round's tasks once. The watcher hands the watch to the leader of
-    another waiting round when it leaves.
+    an append waits for at most the round before its own. Once a round is committed, the
+    thread hands it to the event loop (`_settle`, a callback run there, not a task), which
+    wakes the round's tasks once.
 
     A round is one statement, its own transaction (see `_INSERT`), unless it is too large
     for one or holds two appends of a session: then a statement per group of appends. Each
@@ -94,24 +86,17 @@ class Writer:
         self.commits = 0
         self._connection = connection
         self._checkpointer = checkpointer
+        self._token = anyio.lowlevel.current_token()
         self._lock = threading.Lock()
         self._work = threading.Condition(self._lock)
-        # Shared with the thread, under the lock: the round gathering appends, the rounds
-        # committed but not settled yet, and whether the socket has been written since.
+        # Shared with the thread, under the lock: the round gathering appends.
         self._gathering: Round | None = None
-        self._committed: list[Round] = []
-        self._signalled = False
         self._closing = False
-        # The event loop's own: rounds not settled yet (oldest first), whether a task
-        # watches the socket, and the rounds whose leader waits, oldest first.
+        # The event loop's own: rounds not settled yet, oldest first.
         self._unsettled: dict[Round, None] = {}
-        self._watched = False
-        self._leaders: dict[Round, None] = {}
         # Rows per statement: as many as SQLite's limit on parameters allows, up to 4096.
         limit = connection.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // _COLUMNS
         self._most_rows = min(_MOST_ROWS, 1 << (limit.bit_length() - 1))
-        self._receive, self._send = socket.socketpair()
-        self._receive.setblocking(False)
         self._thread = threading.Thread(
             target=self._serve, name=f"turnkeeper SQLite writer {path}", daemon=True
         )
@@ -134,7 +119,7 @@ class Writer:
                 self._work.notify()
             round_.pendings.append(pending)
         try:
-            await self._wait(round_)
+            await round_.done.wait()
         except BaseException:
             with self._lock:
                 taken = round_.taken
@@ -142,7 +127,7 @@ class Writer:
                     round_.pendings.remove(pending)
             if taken:
                 with anyio.CancelScope(shield=True):
-                    await self._wait(round_)
+                    await round_.done.wait()
             raise
         if pending.error is not None:
             raise pending.error
@@ -151,76 +136,17 @@ class Writer:
         """Wait for every append in flight, then stop the thread (which stops the
         checkpointer and closes the connection)."""
         while self._unsettled:
-            await self._wait(next(iter(self._unsettled)))
+            await next(iter(self._unsettled)).done.wait()
         with self._work:
             self._closing = True
             self._work.notify()
         await anyio.to_thread.run_sync(self._thread.join)
-        self._receive.close()
-        self._send.close()
 
-    async def _wait(self, round_: Round) -> None:
-        """Return once `round_` is settled, watching the socket while no other task does."""
-        try:
-            while not round_.settled:
-                if not self._watched:
-                    await self._watch(round_)
-                elif round_.lead is None:
-                    await self._lead(round_)
-                else:
-                    await round_.done.wait()
-        except BaseException:
-            if not round_.settled:
-                # Cancelled (as its leader or watcher, perhaps): the round's other tasks
-                # wake to choose another.
-                done = round_.done
-                round_.done = anyio.Event()
-                done.set()
-            raise
-        finally:
-            if not self._watched:
-                # Leaving with nobody watching (settled, or cancelled): the leader of the
-                # oldest round still waiting takes over the watch.
-                for waiting in self._leaders:
-                    assert waiting.lead is not None
-                    waiting.lead.set()
-                    break
-
-    async def _watch(self, round_: Round) -> None:
-        """Settle committed rounds as the thread reports them, until `round_` is settled."""
-        self._watched = True
-        try:
-            while not round_.settled:
-                await anyio.wait_readable(self._receive)
-                self._settle()
-        finally:
-            self._watched = False
-
-    async def _lead(self, round_: Round) -> None:
-        """Wait as the round's leader: woken when it settles or when the watch is free."""
-        lead = round_.lead = anyio.Event()
-        self._leaders[round_] = None
-        try:
-            await lead.wait()
-        finally:
-            del self._leaders[round_]
-            round_.lead = None
-
-    def _settle(self) -> None:
-        """Settle the rounds committed since the last look, waking their tasks."""
-        # The thread writes one byte, then no more until the flag is cleared below.
-        with contextlib.suppress(BlockingIOError):
-            self._receive.recv(1)
-        with self._lock:
-            committed = self._committed
-            self._committed = []
-            self._signalled = False
-        for round_ in committed:
-            round_.settled = True
-            del self._unsettled[round_]
-            round_.done.set()
-            if round_.lead is not None:
-                round_.lead.set()
+    def _settle(self, round_: Round) -> None:
+        """On the event loop: the round's outcomes are in; wake its tasks."""
+        round_.settled = True
+        del self._unsettled[round_]
+        round_.done.set()
 
     def _serve(self) -> None:
         """In the writer thread: commit whatever has queued, round after round, until closed."""
@@ -249,12 +175,12 @@ class Writer:
                 outcomes = [failure for _ in pendings]
             for pending, outcome in zip(pendings, outcomes, strict=True):
                 pending.error = outcome
-            with self._lock:
-                self._committed.append(round_)
-                signal = not self._signalled
-                self._signalled = True
-            if signal:
-                self._send.send(b"\0")
+            token = self._token
+            try:
+                token.backend_class.run_sync_soon(self._settle, (round_,), token.native_token)
+            except anyio.RunFinishedError:
+                # The event loop has ended without closing the log: nobody waits.
+                return
 
     def _commit(self, batches: list[Batch]) -> list[LogError | None]:
         """Write every batch whose expected seq holds, in one transaction: one statement

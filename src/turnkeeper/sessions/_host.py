@@ -102,7 +102,7 @@ class Host(HostActor, HostRecovery, HostResting, HostApprovals, HostForks):
         try:
             await stack.enter_async_context(self._mcp)
             if self.max_model_calls is not None:
-                self._model_slots = Slots(self.max_model_calls)
+                self._model_slots = Slots(self.max_model_calls, self._grant_slot)
             self._group = await stack.enter_async_context(anyio.create_task_group())
             self._stack = stack
             self._accepting = True
@@ -300,7 +300,7 @@ class Host(HostActor, HostRecovery, HostResting, HostApprovals, HostForks):
                     if session.running:
                         if session.scope is not None:
                             self._end_task(session)
-                        await session.done.wait()
+                        await session.task_ended()
                     async with session.lock:
                         # A task started meanwhile (a cancel that failed let it go on): end it.
                         if not session.running and session.state.status not in (
@@ -374,18 +374,21 @@ class Host(HostActor, HostRecovery, HostResting, HostApprovals, HostForks):
         """The session's events after seq `after`: from a read another poll began since
         `changed` became the change event, if there is one, else from a read of its own.
         (A thousand polls woken by one change made a thousand reads.)"""
-        shared = session.reads.get(after)
+        reads = session.reads
+        if reads is None:
+            reads = session.reads = {}
+        shared = reads.get(after)
         if shared is not None and shared.changed is changed:
             await shared.done.wait()
             if shared.found is not None:
                 return list(shared.found)
             # It failed, or the poll that began it gave up: read for ourselves.
-        shared = session.reads[after] = _SharedRead(changed)
+        shared = reads[after] = _SharedRead(changed)
         try:
             shared.found = await self.log.read(session.state.session_id, after=after)
         finally:
-            if session.reads.get(after) is shared:
-                del session.reads[after]
+            if reads.get(after) is shared:
+                del reads[after]
             shared.done.set()
         return list(shared.found)
 
@@ -434,8 +437,7 @@ class Host(HostActor, HostRecovery, HostResting, HostApprovals, HostForks):
         try:
             with anyio.move_on_after(limit):
                 for session in list(self._sessions.values()):
-                    if session.running:
-                        await session.done.wait()
+                    await session.task_ended()
         finally:
             # Each session's own scope, not the task group's: the `async with` body runs
             # inside the group's scope and must survive an explicit stop(). Also the way

@@ -60,13 +60,25 @@ class HostActor(HostBase):
     one-for-one: restarted from the log when it crashes, given up after too many."""
 
     def _spawn(self, session: _Session) -> None:
-        if session.running or self._group is None or not self._accepting:
+        if session.running or session.waiting_slot or self._group is None or not self._accepting:
             return
         if session.state.status in ("cancelled", "failed"):
             return
         session.running = True
-        session.done = anyio.Event()
         self._group.start_soon(self._run, session, name=f"session {session.state.session_id}")
+
+    def _grant_slot(self, session: _Session) -> bool:
+        """Give a model-call slot to a session waiting for one: its task starts, and makes
+        its call. False if it has no task to make it (stopping, cancelled, forgotten)."""
+        session.waiting_slot = False
+        if self._sessions.get(session.state.session_id) is not session:
+            return False
+        session.has_slot = True
+        self._spawn(session)
+        if session.running:
+            return True
+        session.has_slot = False
+        return False
 
     async def _run(self, session: _Session) -> None:
         """Supervise the session in a scope of its own, which cancel() cancels, and stop()
@@ -141,9 +153,15 @@ class HostActor(HostBase):
                 else:
                     return
         finally:
-            self._close_span(session)
-            session.running = False
-            session.done.set()
+            if session.has_slot:
+                # Granted a slot it did not use (cancelled, or stopping): the next gets it.
+                session.has_slot = False
+                assert self._model_slots is not None
+                self._model_slots.give_back()
+            # Waiting for a slot, the request goes on: its span stays open.
+            if not session.waiting_slot:
+                self._close_span(session)
+            session.ended()
             self._note(session)
 
     async def _give_up(self, session: _Session) -> None:
@@ -193,6 +211,9 @@ class HostActor(HostBase):
                     # finishes the turn.
                     if session.state.in_poll:
                         await self._call_model(session)
+                        if session.waiting_slot:
+                            # It waits for a slot with no task (`_grant_slot`).
+                            return
                     continue
             if not session.woken:
                 self._close_span(session)
@@ -297,7 +318,15 @@ class HostActor(HostBase):
         """Make the model call of the poll in flight and log its answer (or its failure)."""
         slots = self._model_slots
         if slots is not None:
-            await slots.take()
+            if session.has_slot:
+                # Granted while it waited with no task.
+                session.has_slot = False
+            elif not slots.take():
+                # None free: the session waits for one with no task (its task ends here),
+                # and `_grant_slot` starts one when a slot is given back to it.
+                session.waiting_slot = True
+                slots.wait(session)
+                return
             if self._stopping:
                 # Its request is logged: the host's next start makes the call.
                 slots.give_back()

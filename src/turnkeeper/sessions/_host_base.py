@@ -133,7 +133,7 @@ class HostBase:
         self.tool_concurrency = tool_concurrency
         self.tool_timeout = tool_timeout
         self.max_model_calls = max_model_calls
-        self._model_slots: Slots | None = None
+        self._model_slots: Slots[_Session] | None = None
         self.clock = clock
         self.counters: dict[str, int] = {}
         # What the model calls this host made have cost, by their sessions' pricing.

@@ -76,6 +76,55 @@ class SessionInfo(msgspec.Struct, frozen=True):
     awaiting: tuple[ToolUse, ...] = ()
 
 
+class SessionLock:
+    """A session's lock, held around each change to its record (its task's commits, the
+    API's): taken with no checkpoint when free, as anyio's `Lock(fast_acquire=True)`, and
+    handed to the longest waiter when one waits.
+
+    A Host holds one per session, thousands at once, and takes it twice a turn: free, it
+    costs a flag and no objects (an anyio Lock on trio is four objects and an ordered dict,
+    about 500 bytes); each waiter parks on an event of its own, made only then.
+    """
+
+    __slots__ = ("_waiting", "locked")
+
+    def __init__(self) -> None:
+        self.locked = False
+        # The waiters' events, oldest first; None until the first waits.
+        self._waiting: dict[anyio.Event, None] | None = None
+
+    async def __aenter__(self) -> None:
+        if not self.locked:
+            self.locked = True
+            return
+        granted = anyio.Event()
+        if self._waiting is None:
+            self._waiting = {}
+        self._waiting[granted] = None
+        try:
+            await granted.wait()
+        except BaseException:
+            if granted.is_set():
+                # Handed the lock as the wait was cancelled: the next waiter gets it.
+                self._release()
+            else:
+                del self._waiting[granted]
+            raise
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self._release()
+
+    def _release(self) -> None:
+        waiting = self._waiting
+        if waiting:
+            granted = next(iter(waiting))
+            del waiting[granted]
+            # Still locked: the waiter holds it now.
+            granted.set()
+        else:
+            self.locked = False
+
+
 class _Session:
     """The host's record of one session; the mailbox outlives the session's task."""
 
@@ -97,10 +146,11 @@ class _Session:
         # Calls whose `local.tool_call` is logged (or that are refused), with the
         # arguments their handler gets (None for a refused call).
         self.announced: dict[str, ToolUse | None] = {}
-        self.checked: tuple[tuple[ToolUse, ...], dict[str, str | None]] = ((), {})
-        # The actor takes it uncontended on every commit; fast_acquire skips a checkpoint
-        # there (the append that follows has its own).
-        self.lock = anyio.Lock(fast_acquire=True)
+        # The refusal cache (`refusal`): the pending calls it is for, and each one's refusal.
+        self.checked: tuple[tuple[ToolUse, ...], dict[str, str | None]] | None = None
+        # The actor takes it uncontended on every commit, with no checkpoint (the append
+        # that follows has its own).
+        self.lock = SessionLock()
         # Set when there may be new work; the actor looks again before it ends.
         self.woken = False
         # Created by the first waiter and set (then dropped) by the next change, so a
@@ -109,13 +159,19 @@ class _Session:
         self.changed: anyio.Event | None = None
         self.rested: anyio.Event | None = None
         # Long-polls' reads of the log in flight, by `after`: one read serves every poll
-        # woken by the same change.
-        self.reads: dict[int, _SharedRead] = {}
-        self.done = anyio.Event()
+        # woken by the same change. None until the first long-poll reads.
+        self.reads: dict[int, _SharedRead] | None = None
+        # Created by the first to wait for the session's task to end (`task_ended`), set
+        # (then dropped) as it ends.
+        self.done: anyio.Event | None = None
         # The session task's scope. Shielded, so that only the host cancels the task
         # (`_end_task`), never in the middle of one of its appends.
         self.scope: anyio.CancelScope | None = None
         self.appending = False
+        # Waiting for a model-call slot, with no task (`Host._grant_slot` starts one), and
+        # granted one its task has not used yet.
+        self.waiting_slot = False
+        self.has_slot = False
         self.ending = False
         self.backing_off = False
         self.running = False
@@ -123,6 +179,22 @@ class _Session:
         self.crashes: list[float] = []
         self.cancelling: str | None = None
         self.status: HostStatus | None = None
+
+    async def task_ended(self) -> None:
+        """Return once the session has no task (at once if it has none)."""
+        if not self.running:
+            return
+        if self.done is None:
+            self.done = anyio.Event()
+        await self.done.wait()
+
+    def ended(self) -> None:
+        """The session's task has ended: wake whoever waits for that."""
+        self.running = False
+        done = self.done
+        if done is not None:
+            self.done = None
+            done.set()
 
     def context_of(self, text: str) -> object | None:
         """The trace context the oldest queued `text` was sent in (None after a restart)."""
@@ -139,8 +211,10 @@ class _Session:
             denied = denial(state, use)
             if denied is not None:
                 return denied
-        pending, refusals = self.checked
-        if pending is not state.pending:
+        checked = self.checked
+        if checked is not None and checked[0] is state.pending:
+            refusals = checked[1]
+        else:
             refusals = {}
             self.checked = (state.pending, refusals)
         if use.id not in refusals:
@@ -175,13 +249,16 @@ class _SharedRead:
         self.found: list[Envelope] | None = None
 
 
+_NOT_ERRORED: tuple[bool, str | None] = (False, None)
+
+
 def _logged(last: Envelope) -> tuple[bool, str | None]:
-    """The errored flag and error of a session rebuilt from a log whose last event is `last`."""
+    """The errored flag and error of a session rebuilt from a log whose last event is `last`
+    (one tuple shared by every session whose last event is no failure)."""
     event = last.event
-    return (
-        last.type == "local.chat_error",
-        event.error if isinstance(event, ChatFailed | Failed) else None,
-    )
+    if not isinstance(event, ChatFailed | Failed):
+        return _NOT_ERRORED
+    return (last.type == "local.chat_error", event.error)
 
 
 def _session_of(state: SessionState, last: Envelope) -> _Session:

@@ -3,49 +3,45 @@
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
+from typing import Generic, TypeVar
 
-import anyio
+_W = TypeVar("_W")
 
 
-class Slots:
-    """`total` slots, handed out first come, first served: a slot given back while
-    sessions wait goes straight to the one that has waited longest.
+class Slots(Generic[_W]):
+    """`total` slots, handed out first come, first served: a slot given back while some
+    wait goes straight to the one that has waited longest, by `grant(waiter)`, which
+    says whether the waiter took it (else the next one is offered it).
 
-    A Host's sessions wait here by the thousand (10,000 sessions, 150 slots). Each wait
-    makes an event and parks on it, nothing more. `anyio.CapacityLimiter` on trio raises
-    and catches `WouldBlock` inside every wait and keeps the exception and two tracebacks
-    alive while it waits: a tenth of the objects a busy Host has alive, which every
-    young collection walks again.
+    A Host's sessions wait here by the thousand (10,000 sessions, 150 slots), and each
+    waits with no task: `grant` starts its task. A task parked on an event for its slot
+    was a dozen coroutines, events and closures, which every young collection of the
+    cycle collector walked again, and a few KB of memory, for each waiting session.
     """
 
-    def __init__(self, total: int) -> None:
+    def __init__(self, total: int, grant: Callable[[_W], bool]) -> None:
         self.free = total
-        # The waiters' events, oldest first (an OrderedDict: a cancelled waiter leaves it
-        # in O(1), and thousands may be cancelled at once when the Host stops).
-        self._waiting: OrderedDict[anyio.Event, None] = OrderedDict()
+        self._grant = grant
+        # The waiters, oldest first.
+        self._waiting: OrderedDict[_W, None] = OrderedDict()
 
-    async def take(self) -> None:
-        """Take a slot: at once, with no checkpoint, if one is free; else once the
-        sessions that waited before have theirs and one is given back."""
+    def take(self) -> bool:
+        """Take a free slot; False if none is free (then `wait` for one)."""
         if self.free:
             self.free -= 1
-            return
-        granted = anyio.Event()
-        self._waiting[granted] = None
-        try:
-            await granted.wait()
-        except BaseException:
-            if granted.is_set():
-                # Given the slot as the wait was cancelled: the next waiter gets it.
-                self.give_back()
-            else:
-                del self._waiting[granted]
-            raise
+            return True
+        return False
+
+    def wait(self, waiter: _W) -> None:
+        """Queue `waiter` for the next slot given back."""
+        self._waiting[waiter] = None
 
     def give_back(self) -> None:
-        """Free a slot taken: it goes to the longest waiter, if any."""
-        if self._waiting:
-            granted, _ = self._waiting.popitem(last=False)
-            granted.set()
-        else:
-            self.free += 1
+        """Free a slot taken: it goes to the longest waiter that takes it, if any."""
+        waiting = self._waiting
+        while waiting:
+            waiter, _ = waiting.popitem(last=False)
+            if self._grant(waiter):
+                return
+        self.free += 1

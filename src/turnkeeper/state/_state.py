@@ -936,11 +936,7 @@ class _Trip:
         self.returned.clear()
         if answers:
             self.last_failure = None
-        self.pending = ()
-        self.moved = True
-        self.status = "running"
-        self.in_poll = True
-        self.stop_reason = None
+        self._run_on()
         return True
 
     def _close_one(self, event: ToolResultsReceived, use: ToolUse) -> bool:
@@ -970,12 +966,16 @@ class _Trip:
         self.history.append(tool_message(call_id, answer.text))
         returned.clear()
         self.last_failure = None
+        self._run_on()
+        return True
+
+    def _run_on(self) -> None:
+        """Leave the calls answered: nothing pending, the session running its next poll."""
         self.pending = ()
         self.moved = True
         self.status = "running"
         self.in_poll = True
         self.stop_reason = None
-        return True
 
     def _answers(
         self, event: ToolResultsReceived, count: int

@@ -16,6 +16,7 @@ from hypercorn.config import Config, Sockets
 from hypercorn.trio.run import worker_serve
 from hypercorn.typing import ASGIFramework
 from hypercorn.utils import wrap_app
+from starlette.applications import Starlette
 
 from turnkeeper.core import InputError
 from turnkeeper.logs import EventLog, PostgresLog, SqliteLog, is_postgres_url
@@ -86,21 +87,13 @@ async def serve(
                     ping_seconds=ping_seconds,
                     stopping=stopping,
                 )
-                # Starlette's app type and hypercorn's ASGI type differ only in annotations.
-                framework = cast(ASGIFramework, app)
-                async with anyio.create_task_group() as server:
-                    await server.start(
-                        partial(
-                            worker_serve,
-                            wrap_app(framework, config.wsgi_max_body_size, "asgi"),
-                            config,
-                            sockets=sockets,
-                            shutdown_trigger=stopping.wait,
-                        )
-                    )
+
+                def started() -> None:
                     _log.info("service.listening", url=listening.url)
                     if ready is not None:
                         ready(listening)
+
+                await _serve_app(app, config, sockets, stopping, started)
                 _log.info("service.stopping_host")
             outer.cancel_scope.cancel()
     except BaseExceptionGroup as group:
@@ -135,6 +128,29 @@ def _only(group: BaseExceptionGroup[BaseException]) -> BaseException:
     while isinstance(inner, BaseExceptionGroup) and len(inner.exceptions) == 1:
         inner = inner.exceptions[0]
     return group if isinstance(inner, BaseExceptionGroup) else inner
+
+
+async def _serve_app(
+    app: Starlette,
+    config: Config,
+    sockets: Sockets,
+    stopping: anyio.Event,
+    started: Callable[[], None],
+) -> None:
+    """Serve `app` on `sockets` until `stopping` is set, calling `started` once it listens."""
+    # Starlette's app type and hypercorn's ASGI type differ only in annotations.
+    framework = cast(ASGIFramework, app)
+    async with anyio.create_task_group() as server:
+        await server.start(
+            partial(
+                worker_serve,
+                wrap_app(framework, config.wsgi_max_body_size, "asgi"),
+                config,
+                sockets=sockets,
+                shutdown_trigger=stopping.wait,
+            )
+        )
+        started()
 
 
 def _listen(host: str, port: int, limits: Limits) -> tuple[Config, Sockets]:

@@ -6,15 +6,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from functools import partial
 from pathlib import Path
-from typing import cast
 
 import anyio
 import trio
-from hypercorn.trio.run import worker_serve
-from hypercorn.typing import ASGIFramework
-from hypercorn.utils import wrap_app
 
 from turnkeeper.core import InputError, LogError
 from turnkeeper.logs import (
@@ -31,7 +26,14 @@ from turnkeeper.service._catalog import Catalog, Reopen
 from turnkeeper.service._inspector import create_inspector_app, describe
 from turnkeeper.service._limits import DEFAULT_LIMITS, Limits
 from turnkeeper.service._logging import log as _log
-from turnkeeper.service._serve import Listening, _listen, _listening, _only, _watch_signals
+from turnkeeper.service._serve import (
+    Listening,
+    _listen,
+    _listening,
+    _only,
+    _serve_app,
+    _watch_signals,
+)
 
 DEFAULT_PORT = 8765
 
@@ -83,20 +85,13 @@ async def serve_inspector(
                 ping_seconds=ping_seconds,
                 stopping=stopping,
             )
-            framework = cast(ASGIFramework, app)
-            async with anyio.create_task_group() as server:
-                await server.start(
-                    partial(
-                        worker_serve,
-                        wrap_app(framework, config.wsgi_max_body_size, "asgi"),
-                        config,
-                        sockets=sockets,
-                        shutdown_trigger=stopping.wait,
-                    )
-                )
+
+            def started() -> None:
                 _log.info("inspector.listening", url=listening.url, log=str(log_path))
                 if ready is not None:
                     ready(listening)
+
+            await _serve_app(app, config, sockets, stopping, started)
             outer.cancel_scope.cancel()
     except BaseExceptionGroup as group:
         raise _only(group) from None

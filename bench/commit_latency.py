@@ -28,8 +28,7 @@ import anyio
 sys.path.insert(0, str(Path(__file__).parent))
 
 from log_append import turn
-from turnkeeper.logs import SqliteLog, _sqlite_checkpointer, _sqlite_log
-from turnkeeper.logs._log import Batch, check_batch
+from turnkeeper.logs import Batch, SqliteLog, _sqlite_checkpointer, _sqlite_log, check_batch
 
 _WAYS = {
     "thread": "checkpoints in a thread of their own",

@@ -55,7 +55,7 @@ import anyio
 
 from turnkeeper import AgentSpec, Host, SqliteLog, ToolSpec
 from turnkeeper.core import LogError
-from turnkeeper.logs._log import Batch
+from turnkeeper.logs import Batch
 from turnkeeper.providers import text_response, tool_response
 
 SPEC = AgentSpec(system_prompt="Use the tool.", tools=(ToolSpec("step"),))

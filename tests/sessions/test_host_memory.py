@@ -31,8 +31,7 @@ from turnkeeper.core import (
     TurnkeeperError,
 )
 from turnkeeper.events import Envelope
-from turnkeeper.logs import MemoryLog, SqliteLog
-from turnkeeper.logs._log import Batch
+from turnkeeper.logs import Batch, MemoryLog, SqliteLog
 from turnkeeper.providers import text_response, tool_response
 from turnkeeper.sessions import Host, SessionInfo
 from turnkeeper.sessions._rebuild import runs_by_page

@@ -11,7 +11,7 @@ from turnkeeper.logs._jsonl import (
     write_jsonl,
 )
 from turnkeeper.logs._jsonl_log import JsonlLog
-from turnkeeper.logs._log import LARGEST_SEQ, EventLog, SeqConflict, check_batch
+from turnkeeper.logs._log import LARGEST_SEQ, Batch, EventLog, SeqConflict, check_batch
 from turnkeeper.logs._memory_log import MemoryLog
 from turnkeeper.logs._postgres_log import PostgresLog, is_postgres_url
 from turnkeeper.logs._shared import Claim, Consumed, FenceLost, InboxItem, Posted, SharedLog
@@ -20,6 +20,7 @@ from turnkeeper.logs._sqlite_log import SqliteLog
 
 __all__ = [
     "LARGEST_SEQ",
+    "Batch",
     "Claim",
     "Consumed",
     "EventLog",

@@ -109,7 +109,9 @@ _JUDGED_CHARS = 100
 def grounded(state: SessionState, text: str) -> bool:
     """Whether `text`, the reply to an answer after a stop, holds one of the episode's
     results, or the results are too long to expect that of. A result with numbers is held
-    when each of its numbers is in the reply ("$190" holds "190 dollars"); one without,
+    when each of its numbers is in the reply ("$190" holds "190 dollars"), or when the
+    reply has no number at all and names one of its words ("Rain in Tokyo" holds "rain,
+    16 C": it leaves the figures out but says nothing against them); one without numbers,
     when one of its words is (in any case). Measured on SmolLM2-135M: asked for 17 + 25
     with the result 42 quoted, it answered "17 + 25 = 32"; the stop's gist (42) serves the
     user better than that."""
@@ -120,10 +122,9 @@ def grounded(state: SessionState, text: str) -> bool:
     words = set(_WORD.findall(text.lower()))
     for result in results:
         held = set(_NUMBER.findall(result))
-        if held:
-            if held <= numbers:
-                return True
-        elif words & set(_WORD.findall(result.lower())):
+        if held and held <= numbers:
+            return True
+        if (not held or not numbers) and words & set(_WORD.findall(result.lower())):
             return True
     return False
 

@@ -11,6 +11,7 @@ from turnkeeper.core._calls import (
 )
 from turnkeeper.core._chat import Chat
 from turnkeeper.core._checks import check_count, check_seconds
+from turnkeeper.core._depth import nests_deeper
 from turnkeeper.core._errors import (
     ChatError,
     InputError,
@@ -51,7 +52,6 @@ from turnkeeper.core._messages import (
     gist,
     key_arguments,
     last_tool_result,
-    nests_deeper,
     text_of,
     tool_message,
     tool_uses_of,

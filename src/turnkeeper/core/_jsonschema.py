@@ -6,7 +6,10 @@ library does not know), as Draft 2020-12, else as draft-07 when only draft-07 ac
 (`items` as a list, `additionalItems`, `dependencies`). Compiled validators are cached per
 schema. `format` is not asserted. `$ref`s are resolved within the schema only: nothing is
 ever fetched, and a `$ref` that leads nowhere is an error message. `schema_problem` says up
-front whether a schema can be used at all.
+front whether a schema can be used at all; one that cannot (a `$ref` in a circle, say) is
+not run at all, nor a value nested more than 64 levels deep: deep enough, the library's
+recursion fails inside its Rust-backed registry, where a RecursionError turns into a
+panic that no `except Exception` catches.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from jsonschema.protocols import Validator
 from jsonschema.validators import extend
 from referencing.exceptions import Unresolvable
 
+from turnkeeper.core._depth import nests_deeper
 from turnkeeper.core._simple_schema import Check, compile_simple
 
 if TYPE_CHECKING:
@@ -43,7 +47,8 @@ if TYPE_CHECKING:
 __all__ = ["MAX_ERRORS", "coerce", "schema_problem", "validate"]
 
 MAX_ERRORS = 20
-_MAX_DEPTH = 64  # of `$ref` hops and nesting that `coerce` follows
+_MAX_DEPTH = 64  # of `$ref` hops and nesting that `coerce` follows, and of a value checked
+_TOO_DEEP = "$: validation stopped: the schema or the value nests too deeply"
 
 
 def _exact_multiple_of(cls: type[Validator]) -> type[Validator]:
@@ -147,6 +152,8 @@ class _Checker:
     def is_valid(self, instance: object) -> bool:
         if self.simple is not None:
             return self.simple(instance)
+        if self.problem is not None or nests_deeper(instance, _MAX_DEPTH):
+            return False
         return bool(self.validator.is_valid(cast(Any, instance)))
 
 
@@ -156,13 +163,19 @@ def validate(schema: Mapping[str, Any], instance: object) -> list[str]:
     Each message starts with the path of the value it is about, e.g.
     `$.city: expected string, got integer`. It never raises: a schema the library rejects
     gives one message, `$: the tool's input schema is invalid (...)`, for every instance,
-    so a broken tool fails loudly instead of running unchecked.
+    so a broken tool fails loudly instead of running unchecked; so does one whose `$ref`s
+    cannot be followed (see `schema_problem`). A value nested more than 64 levels deep is
+    not checked: its message says so.
     """
     checker = _checker(schema)
     if isinstance(checker, str):
         return [checker]
     if checker.simple is not None and checker.simple(instance):
         return []
+    if checker.problem is not None:
+        return [checker.problem]
+    if nests_deeper(instance, _MAX_DEPTH):
+        return [_TOO_DEEP]
     messages: dict[str, None] = {}
     try:
         for error in checker.validator.iter_errors(cast(Any, instance)):
@@ -172,7 +185,7 @@ def validate(schema: Mapping[str, Any], instance: object) -> list[str]:
     except Unresolvable as error:
         messages[f"$: the schema's $ref {_show(_ref_of(error))} cannot be resolved"] = None
     except RecursionError:
-        messages["$: validation stopped: the schema or the value nests too deeply"] = None
+        messages[_TOO_DEEP] = None
     except (OverflowError, ValueError):  # the library's arithmetic and messages on huge numbers
         messages["$: validation stopped: a number is too large to check"] = None
     return list(messages)[:MAX_ERRORS]
@@ -197,7 +210,7 @@ def coerce(schema: Mapping[str, Any], arguments: dict[str, Any]) -> dict[str, An
     Never raises.
     """
     checker = _checker(schema)
-    if isinstance(checker, str) or not isinstance(arguments, dict):
+    if isinstance(checker, str) or checker.problem is not None or not isinstance(arguments, dict):
         return arguments
     if checker.simple is not None and checker.simple(arguments):
         return arguments

@@ -37,6 +37,7 @@ from turnkeeper.core._guard_config import (
     SelfFeeding,
     SmallModel,
     TerminalTool,
+    TypedOutput,
     check_guards,
 )
 from turnkeeper.core._jsonschema import coerce, validate
@@ -56,6 +57,14 @@ from turnkeeper.core._messages import (
     tool_message,
     tool_uses_of,
 )
+from turnkeeper.core._output import (
+    decode_output,
+    output_json_schema,
+    output_type,
+    read_answer,
+    schema_key,
+    with_output_schema,
+)
 from turnkeeper.core._pricing import (
     MAX_AMOUNT,
     MAX_DECIMALS,
@@ -71,6 +80,7 @@ from turnkeeper.core._types import (
     ApprovalDecision,
     McpServer,
     Message,
+    OutputSchema,
     ToolResult,
     ToolSpec,
     ToolUse,
@@ -103,6 +113,7 @@ __all__ = [
     "MaxTurns",
     "McpServer",
     "Message",
+    "OutputSchema",
     "Pricing",
     "Repair",
     "ReplayError",
@@ -114,6 +125,7 @@ __all__ = [
     "ToolSpec",
     "ToolUse",
     "TurnkeeperError",
+    "TypedOutput",
     "UnloggableEvent",
     "Usage",
     "add_costs",
@@ -127,6 +139,7 @@ __all__ = [
     "check_tool",
     "coerce",
     "decode_arguments",
+    "decode_output",
     "decode_tool_uses",
     "degenerate",
     "digest",
@@ -142,10 +155,15 @@ __all__ = [
     "loggable",
     "logged_unreadable",
     "nests_deeper",
+    "output_json_schema",
+    "output_type",
+    "read_answer",
     "reply_flaw",
     "reply_problem",
+    "schema_key",
     "text_of",
     "tool_message",
     "tool_uses_of",
     "validate",
+    "with_output_schema",
 ]

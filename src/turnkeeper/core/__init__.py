@@ -60,6 +60,7 @@ from turnkeeper.core._messages import (
 from turnkeeper.core._output import (
     decode_output,
     output_json_schema,
+    output_problem,
     output_type,
     read_answer,
     schema_key,
@@ -156,6 +157,7 @@ __all__ = [
     "logged_unreadable",
     "nests_deeper",
     "output_json_schema",
+    "output_problem",
     "output_type",
     "read_answer",
     "reply_flaw",

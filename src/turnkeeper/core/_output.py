@@ -78,9 +78,10 @@ def with_output_schema(spec: AgentSpec) -> AgentSpec:
     return msgspec.structs.replace(spec, output_schema=output_json_schema(spec.output_schema))
 
 
-def output_problem(schema: object) -> str | None:
+def output_problem(schema: object, where: str = "spec.output_schema") -> str | None:
     """Why `schema` (a spec's `output_schema`, a JSON Schema or a type) cannot check an
-    answer, as a message naming `spec.output_schema`; None when it can."""
+    answer, as a message naming `where`; None when it can. A type msgspec cannot describe
+    raises InputError (naming `spec.output_schema`)."""
     logged = output_json_schema(schema)
     if logged is None:
         return None
@@ -91,7 +92,7 @@ def output_problem(schema: object) -> str | None:
     worded = problem.replace("the tool's input schema", "the output schema").replace(
         ", so its arguments cannot be checked", ""
     )
-    return f"spec.output_schema: the schema cannot be used: {worded}"
+    return f"{where}: the schema cannot be used: {worded}"
 
 
 def schema_key(schema: dict[str, Any]) -> str:

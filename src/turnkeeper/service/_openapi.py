@@ -545,6 +545,13 @@ def _request_rules(limits: Limits) -> dict[str, dict[str, dict[str, Any]]]:
         "PostApprovals": {"decisions": {"minItems": 1}},
         "ApprovalDecision": {"reason": {"maxLength": limits.max_text_chars}},
         "AgentSpec": {
+            "output_schema": {
+                "description": "A JSON Schema the final answer must match: the answer is then "
+                "JSON, and the session's `output` holds its value. An answer that does not "
+                "match is sent back to the model to fix (`guards.output`), then ends the "
+                "episode (`invalid_output`). One that cannot be used, or one beside a "
+                "`terminal_tool`, is refused (422)."
+            },
             "temperature": {"minimum": 0, "maximum": 2},
             "top_p": {"exclusiveMinimum": 0, "maximum": 1},
             "max_tokens": {"minimum": 1},

@@ -15,6 +15,8 @@ from typing import Any, Literal
 
 import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.providers.openai_server import ChatServer, Reply, serve_chat
 from turnkeeper.core import (
@@ -382,3 +384,37 @@ async def test_host_start_refuses_a_bad_output_schema_and_logs_nothing() -> None
         with pytest.raises(InputError, match=r"^spec\.output_schema: the schema cannot be used"):
             await host.start(AgentSpec(output_schema={"required": "city"}), "Go")
         assert await host.sessions() == []
+
+
+REPLIES = {
+    "good": lambda: text_response(PARIS),
+    "fenced": lambda: text_response(f"```json\n{PARIS}\n```"),
+    "partial": lambda: text_response('{"city": "Paris"}'),
+    "prose": lambda: text_response("Paris: 12 C, rain"),
+    "call": lambda: tool_response(("get_weather", {"city": "Paris"})),
+    "other call": lambda: tool_response(("get_weather", {"city": "Lyon"})),
+    "cut off": lambda: text_response('{"city": "Pa', finish_reason="length"),
+}
+
+
+@settings(max_examples=60)
+@given(st.lists(st.sampled_from(sorted(REPLIES)), min_size=1, max_size=8), st.integers(0, 3))
+async def test_any_session_ends_typed_or_says_why_and_replays(kinds: list[str], limit: int) -> None:
+    """Whatever the model replies, the run makes no more output re-prompts than allowed;
+    it answers with output that matches the schema, or ends saying why (never with an
+    answer that does not match); and the log replays and re-checks to the same session."""
+    # Then good answers: the session always gets a reply.
+    chat = ScriptedChat([REPLIES[kind]() for kind in [*kinds, *["good"] * 50]])
+    guards = GuardConfig(output=TypedOutput(max_reprompts=limit))
+    result = await run(SPEC, "Weather?", chat, tools={"get_weather": get_weather}, guards=guards)
+    directives = [d for d in events_of(result, DirectiveInjected) if d.guard == "output"]
+    assert len(directives) <= limit
+    if result.terminal == "end_turn":
+        assert result.output == Weather("Paris", 12.0, "rain")
+        assert len(events_of(result, OutputAccepted)) == 1
+    else:
+        assert result.output is None
+        assert result.text
+        if result.stop_reason == "invalid_output":
+            assert len(directives) == limit
+    consistent(result.events, result.state)

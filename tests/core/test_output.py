@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import decimal
 import json
 import re
-from typing import Any, Literal
+import uuid
+from typing import Annotated, Any, Literal
 
 import msgspec
 import pytest
@@ -251,3 +253,43 @@ def test_any_text_reads_without_raising(text: str) -> None:
         assert validate(WEATHER_SCHEMA, read) == []
     else:
         assert read is None
+
+
+class Booking(msgspec.Struct):
+    on: datetime.date
+    id: uuid.UUID
+    at: Annotated[datetime.datetime, msgspec.Meta(tz=True)]
+    price: decimal.Decimal
+    length: datetime.timedelta
+
+
+def test_the_formats_msgspec_writes_are_checked_as_it_decodes_them() -> None:
+    """A string a Struct's schema gives a format to must be one msgspec decodes into the
+    field's type: the answer is then repaired, not refused when decoded."""
+    schema = output_json_schema(Booking)
+    assert schema is not None
+    good = {
+        "on": "2024-02-28",
+        "id": "c0a8f6f2-7c3a-4c3a-9a3a-1a2b3c4d5e6f",
+        "at": "2024-02-28T09:30:00+01:00",
+        "price": "19.99",
+        "length": "PT1H30M",
+    }
+    value, problem = read_answer(schema, json.dumps(good))
+    assert problem is None
+    assert decode_output(value, Booking).length == datetime.timedelta(hours=1, minutes=30)
+    bad = {**good, "on": "2024-02-30", "id": "x", "at": "2024-02-28T09:30:00", "price": "a"}
+    _, problem = read_answer(schema, json.dumps(bad))
+    assert problem == (
+        'it does not match the output schema: $.on: "2024-02-30" is not a valid date; '
+        '$.id: "x" is not a valid uuid; $.at: "2024-02-28T09:30:00" is not a valid '
+        'date-time; $.price: "a" is not a valid decimal'
+    )
+
+
+def test_other_formats_and_tool_arguments_are_not_asserted() -> None:
+    schema = {"type": "object", "properties": {"on": {"type": "string", "format": "date"}}}
+    assert validate(schema, {"on": "someday"}) == []
+    assert validate(schema, {"on": "someday"}, formats=True) != []
+    email = {"type": "string", "format": "email"}
+    assert read_answer(email, '"not an address"') == ("not an address", None)

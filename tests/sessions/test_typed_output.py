@@ -211,6 +211,25 @@ async def test_an_answer_the_schema_admits_but_the_type_does_not_ends_the_run() 
     consistent(result.events, result.state)
 
 
+async def test_a_date_msgspec_cannot_decode_is_repaired() -> None:
+    class Meeting(msgspec.Struct):
+        title: str
+        on: datetime.date
+
+    async with model(
+        text_response('{"title": "Standup", "on": "next Tuesday"}'),
+        text_response('{"title": "Standup", "on": "2024-03-05"}'),
+    ) as (_, chat):
+        result = await run(AgentSpec(output_schema=Meeting), "When is standup?", chat)
+    assert result.output == Meeting("Standup", datetime.date(2024, 3, 5))
+    (directive,) = events_of(result, DirectiveInjected)
+    assert directive.text.startswith(
+        "Your answer could not be used: it does not match the output schema: "
+        '$.on: "next Tuesday" is not a valid date.'
+    )
+    consistent(result.events, result.state)
+
+
 async def test_a_json_answer_after_a_stop_is_the_typed_output() -> None:
     """The model repeats a call until the loop guard stops it; the answer after the stop,
     tools withdrawn, is asked for as JSON of the schema and is the run's output."""

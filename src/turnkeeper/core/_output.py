@@ -105,8 +105,8 @@ def read_answer(schema: dict[str, Any], text: str | None) -> tuple[Any, str | No
 
     The text must be a JSON value (alone, or alone in a fenced code block, as models often
     write it) that matches `schema` once the safe coercions of `coerce` are made (`"3"`
-    for an integer is 3). A JSON object is the usual answer, but any JSON value the schema
-    admits is one."""
+    for an integer is 3), msgspec's formats asserted (a `date` is one msgspec decodes). A
+    JSON object is the usual answer, but any JSON value the schema admits is one."""
     if text is None or not text.strip():
         return None, "it is empty, not a JSON value"
     body = text.strip()
@@ -121,7 +121,7 @@ def read_answer(schema: dict[str, Any], text: str | None) -> tuple[Any, str | No
         return None, f"it nests more than {_ANSWER_DEPTH} levels deep"
     if isinstance(value, dict):
         value = coerce(schema, value)
-    errors = validate(schema, value)
+    errors = validate(schema, value, formats=True)
     if errors:
         shown = "; ".join(errors[:_SHOWN_ERRORS])
         more = len(errors) - _SHOWN_ERRORS

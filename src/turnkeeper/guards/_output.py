@@ -40,6 +40,8 @@ def typed_output(view: GuardView) -> Verdict:
     config = state.guards.output
     if view.phase != "after_response" or reply is None or config is None:
         return CONTINUE
+    if state.spec.output_schema is None:
+        return CONTINUE
     if reply.calls or reply.finish_reason != "stop" or repairs(state, reply):
         return CONTINUE
     problem = answer_problem(state, reply)

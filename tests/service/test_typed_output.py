@@ -141,3 +141,4 @@ async def test_the_openapi_document_describes_output_schema_and_output() -> None
     assert "JSON Schema the final answer must match" in given["description"]
     assert "output" in schemas["SessionInfo"]["properties"]
     assert "TypedOutput" in str(schemas["GuardConfigInput"]["properties"]["output"])
+    assert schemas["TypedOutputInput"]["properties"]["max_reprompts"]["minimum"] == 0

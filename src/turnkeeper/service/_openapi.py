@@ -574,6 +574,7 @@ def _request_rules(limits: Limits) -> dict[str, dict[str, dict[str, Any]]]:
         "LoopDetection": {"warnings": {"minimum": 0}},
         "SelfFeeding": {"max_links": {"minimum": 1}, "warnings": {"minimum": 0}},
         "TerminalTool": {"max_reprompts": {"minimum": 0}},
+        "TypedOutput": {"max_reprompts": {"minimum": 0}},
         "Budget": {"max_tokens": {"minimum": 1}, "max_seconds": _SECONDS},
         "Pricing": {"input_per_million": _PRICE, "output_per_million": _PRICE},
         "CostBudget": {"max_cost": _SECONDS, "max_session_cost": _SECONDS},

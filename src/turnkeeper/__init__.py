@@ -24,6 +24,7 @@ from turnkeeper.core import (
     ToolSpec,
     ToolUse,
     TurnkeeperError,
+    TypedOutput,
     UnloggableEvent,
     Usage,
 )
@@ -120,6 +121,7 @@ __all__ = [
     "ToolUse",
     "TurnResult",
     "TurnkeeperError",
+    "TypedOutput",
     "UnknownSession",
     "UnloggableEvent",
     "Usage",

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import msgspec
 import openai
 import pytest
 
@@ -177,6 +178,34 @@ def test_without_tools_the_reply_is_text(client: openai.OpenAI) -> None:
     assert 0 < response.usage.completion_tokens <= 12
 
 
+CITY_SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "population": {"type": "integer"}},
+    "required": ["name", "population"],
+}
+
+
+def test_a_request_for_json_of_a_schema_gets_it(client: openai.OpenAI) -> None:
+    """The schema is the answer's grammar: the reply is its JSON, as content, never a call,
+    with tools offered or not."""
+    response_format: Any = {
+        "type": "json_schema",
+        "json_schema": {"name": "city", "schema": CITY_SCHEMA},
+    }
+    about = {"role": "user", "content": "Tell me about Paris."}
+    for tools in (None, TOOLS):
+        fields = {"tools": tools} if tools else {}
+        response = ask(client, about, response_format=response_format, **fields)
+        message = response.choices[0].message
+        if message.tool_calls:
+            assert {call.function.name for call in message.tool_calls} <= {"add", "capital_of"}
+            continue
+        answer = json.loads(message.content)
+        assert set(answer) == {"name", "population"}
+        assert isinstance(answer["population"], int)
+        assert response.choices[0].finish_reason == "stop"
+
+
 @pytest.mark.parametrize(
     ("fields", "param", "says"),
     [
@@ -193,6 +222,11 @@ def test_without_tools_the_reply_is_text(client: openai.OpenAI) -> None:
         ),
         ({"temperature": 5}, "temperature", "<= 2.0"),
         ({"response_format": {"type": "json_object"}}, "response_format", "only"),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": 5}}}},
+            "response_format.json_schema.schema",
+            "response_format.json_schema.schema: the schema cannot be used",
+        ),
         (
             {"messages": [QUESTION, {"role": "tool", "tool_call_id": "c9", "content": "1"}]},
             "messages[1].tool_call_id",
@@ -253,6 +287,23 @@ async def test_a_turnkeeper_session_drives_the_served_model(server: Server) -> N
     assert calls
     assert (calls[0].name, calls[0].input) == ("add", {"a": 17, "b": 25})
     assert sums[0] == 42
+
+
+@pytest.mark.anyio
+async def test_a_typed_session_drives_the_served_model(server: Server) -> None:
+    """A session with an output schema asks the served model for JSON of it, and gets
+    its typed output."""
+
+    class City(msgspec.Struct):
+        name: str
+        population: int
+
+    async with httpx.AsyncClient(timeout=START_WITHIN) as http:
+        chat = OpenAIChat(server.url, "smollm2", client=http)
+        spec = AgentSpec(system_prompt="You give facts about cities.", output_schema=City)
+        result = await run(spec, "Tell me about Paris.", chat, max_turns=3)
+    assert (result.terminal, result.stop_reason) == ("end_turn", "end_turn")
+    assert isinstance(result.output, City)
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from turnkeeper.core._depth import nests_deeper
 from turnkeeper.core._messages import (
     MAX_ARGUMENT_DEPTH,
     call_key,
@@ -20,7 +21,6 @@ from turnkeeper.core._messages import (
     gist,
     key_arguments,
     last_tool_result,
-    nests_deeper,
     text_of,
     tool_message,
     tool_uses_of,

@@ -32,6 +32,9 @@ class Plan:
     calls: tuple[tuple[str, dict[str, Any]], ...] = ()
     answer: str = ""
     forever: bool = False
+    repaired: str = ""
+    """The answer to a directive of the output guard (an answer that did not match the
+    output schema sent back), when the plan has one."""
 
 
 PLANS: dict[str, Plan] = {
@@ -73,6 +76,19 @@ PLANS: dict[str, Plan] = {
     "Find the report on tides": Plan(
         calls=(("remote_search", {"query": "tide"}),), answer="Found: {result}"
     ),
+    "What is 2 + 3, as JSON?": Plan(
+        calls=(("add", {"a": 2, "b": 3}),), answer='{{"a": 2, "b": 3, "total": {result}}}'
+    ),
+    "What is the weather in Paris?": Plan(
+        calls=(("get_weather", {"city": "Paris"}),),
+        answer='{{"city": "Paris", "celsius": 12, "conditions": "rain"}}',
+    ),
+    "How is the weather in Oslo?": Plan(
+        calls=(("get_weather", {"city": "Oslo"}),),
+        answer="It is {result} in Oslo.",
+        repaired='{{"city": "Oslo", "celsius": 12, "conditions": "rain"}}',
+    ),
+    "Weather in Rome, as JSON?": Plan(answer='{{"city": "Rome", "celsius": 21}}'),
 }
 
 
@@ -87,6 +103,8 @@ _ANSWER_AFTER_STOP = re.compile(
     r'The user asked: "(?P<prompt>.*)"\nThe answer is (?P<results>.*)\. Say that to the user\.'
 )
 """The directive of the answer after a guard's stop (turnkeeper.guards.answer_request)."""
+_OUTPUT_REPAIR = "Your answer could not be used: "
+"""How the output guard's directive begins (turnkeeper.guards.typed_output)."""
 
 
 def answer(request: dict[str, Any], ids: itertools.count[int]) -> tuple[int, dict[str, Any]]:
@@ -121,6 +139,8 @@ def answer(request: dict[str, Any], ids: itertools.count[int]) -> tuple[int, dic
         if name in offered:
             return 200, tool_response((name, arguments, f"call_{next(ids)}"), usage=(40, 10))
     last = results[-1] if results else ""
+    if plan.repaired and _text(messages[-1]).startswith(_OUTPUT_REPAIR):
+        return 200, text_response(plan.repaired.format(result=last), usage=(40, 10))
     return 200, text_response(plan.answer.format(result=last), usage=(40, 10))
 
 

@@ -49,6 +49,7 @@ from turnkeeper.guards import (
     repair,
     self_feeding,
     terminal_tool,
+    typed_output,
 )
 from turnkeeper.sessions import open_session
 from turnkeeper.state import SessionState
@@ -150,6 +151,11 @@ ACTING: dict[str, tuple[Guard, str, GuardView]] = {
     "self_feeding": (self_feeding, "self_feeding", feeding_chain(3)),
     "repair": (repair, "repair", after(session(), reply(text="cut", finish_reason="length"))),
     "terminal_tool": (terminal_tool, "terminal", after(session(), reply(ANSWER))),
+    "typed_output": (
+        typed_output,
+        "output",
+        after(session(AgentSpec(output_schema={"type": "object"})), reply(text="no")),
+    ),
     "budget": (
         budget,
         "budget",

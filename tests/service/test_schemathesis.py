@@ -62,6 +62,8 @@ RULES: dict[str, list[tuple[str, str]]] = {
         (r"history\[\d+\]\.tool_calls\[\d+\]\.id", "is the id of an earlier call"),
         (r"prompt", "the history ends in tool calls with no results"),
         (r"spec\.pricing\.\w+", "decimal places"),
+        (r"spec\.output_schema", "cannot be used"),
+        (r"spec\.output_schema", "not both"),
     ],
     "POST /v1/sessions/{session_id}/fork": [
         (r"at_seq", "expected an integer from 1 to"),

@@ -26,7 +26,14 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from turnkeeper.core import MAX_JSON_DEPTH, Chat, ChatError, InputError, nests_deeper
+from turnkeeper.core import (
+    MAX_JSON_DEPTH,
+    Chat,
+    ChatError,
+    InputError,
+    nests_deeper,
+    output_problem,
+)
 
 MAX_BODY_BYTES: Final = 8 * 1024 * 1024
 """The largest request body taken, in bytes (a history longer than the model's context
@@ -258,11 +265,7 @@ def _checked(body: bytes) -> _ChatRequest:
         raise _invalid("stream: streaming is not supported here; send stream: false", "stream")
     if asked.n not in (None, 1):
         raise _invalid(f"n: only one choice is generated, got n={asked.n}", "n")
-    if asked.response_format is not None and asked.response_format.get("type") != "text":
-        raise _invalid(
-            'response_format: only {"type": "text"} is supported; ask for structure with tools',
-            "response_format",
-        )
+    _check_response_format(asked.response_format)
     names = [tool.function.name for tool in asked.tools or []]
     if asked.tool_choice == "required" and not names:
         raise _invalid(
@@ -287,6 +290,25 @@ def _checked(body: bytes) -> _ChatRequest:
     return asked
 
 
+def _check_response_format(response_format: dict[str, Any] | None) -> None:
+    """Refuse (naming the field) a `response_format` other than text or JSON of a usable
+    schema, which the backend makes its answer's grammar (see `InlineTools`)."""
+    if response_format is None or response_format.get("type") == "text":
+        return
+    described = response_format.get("json_schema")
+    schema = described.get("schema") if isinstance(described, dict) else None
+    if response_format.get("type") != "json_schema" or not isinstance(schema, dict):
+        raise _invalid(
+            'response_format: only {"type": "text"} and {"type": "json_schema", "json_schema": '
+            '{"schema": {...}}} are supported; ask for other structure with tools',
+            "response_format",
+        )
+    where = "response_format.json_schema.schema"
+    problem = output_problem(schema, where)
+    if problem is not None:
+        raise _invalid(problem, where)
+
+
 def _backend_request(body: bytes, asked: _ChatRequest) -> dict[str, Any]:
     """The request for the backend: the messages and tools as the client sent them."""
     plain: dict[str, Any] = msgspec.json.decode(body)
@@ -298,6 +320,8 @@ def _backend_request(body: bytes, asked: _ChatRequest) -> dict[str, Any]:
     for key in _SAMPLING:
         if plain.get(key) is not None:
             request[key] = plain[key]
+    if asked.response_format is not None and asked.response_format.get("type") == "json_schema":
+        request["response_format"] = plain["response_format"]
     limit = asked.max_completion_tokens or asked.max_tokens
     if limit is not None:
         request["max_tokens"] = limit

@@ -26,6 +26,7 @@ from turnkeeper.events import (
     MessageQueued,
     MessageReceived,
     ModelResponded,
+    OutputAccepted,
     ReplyReplaced,
     SessionOpened,
     TerminalToolCalled,
@@ -133,6 +134,8 @@ def step_line(envelope: Envelope) -> str | None:
         return f"answered after {event.guard} ({event.reason})"
     if isinstance(event, TerminalToolCalled):
         return f"finished with {event.name}({gist(_json(event.result))})"
+    if isinstance(event, OutputAccepted):
+        return f"typed output: {gist(_json(event.value))}"
     if isinstance(event, Cancelled):
         return f"cancelled: {gist(event.reason)}"
     if isinstance(event, Failed):

@@ -11,6 +11,7 @@ from turnkeeper.core._calls import (
 )
 from turnkeeper.core._chat import Chat
 from turnkeeper.core._checks import check_count, check_seconds
+from turnkeeper.core._depth import nests_deeper
 from turnkeeper.core._errors import (
     ChatError,
     InputError,
@@ -36,6 +37,7 @@ from turnkeeper.core._guard_config import (
     SelfFeeding,
     SmallModel,
     TerminalTool,
+    TypedOutput,
     check_guards,
 )
 from turnkeeper.core._jsonschema import coerce, validate
@@ -51,10 +53,18 @@ from turnkeeper.core._messages import (
     gist,
     key_arguments,
     last_tool_result,
-    nests_deeper,
     text_of,
     tool_message,
     tool_uses_of,
+)
+from turnkeeper.core._output import (
+    decode_output,
+    output_json_schema,
+    output_problem,
+    output_type,
+    read_answer,
+    schema_key,
+    with_output_schema,
 )
 from turnkeeper.core._pricing import (
     MAX_AMOUNT,
@@ -71,6 +81,7 @@ from turnkeeper.core._types import (
     ApprovalDecision,
     McpServer,
     Message,
+    OutputSchema,
     ToolResult,
     ToolSpec,
     ToolUse,
@@ -103,6 +114,7 @@ __all__ = [
     "MaxTurns",
     "McpServer",
     "Message",
+    "OutputSchema",
     "Pricing",
     "Repair",
     "ReplayError",
@@ -114,6 +126,7 @@ __all__ = [
     "ToolSpec",
     "ToolUse",
     "TurnkeeperError",
+    "TypedOutput",
     "UnloggableEvent",
     "Usage",
     "add_costs",
@@ -127,6 +140,7 @@ __all__ = [
     "check_tool",
     "coerce",
     "decode_arguments",
+    "decode_output",
     "decode_tool_uses",
     "degenerate",
     "digest",
@@ -142,10 +156,16 @@ __all__ = [
     "loggable",
     "logged_unreadable",
     "nests_deeper",
+    "output_json_schema",
+    "output_problem",
+    "output_type",
+    "read_answer",
     "reply_flaw",
     "reply_problem",
+    "schema_key",
     "text_of",
     "tool_message",
     "tool_uses_of",
     "validate",
+    "with_output_schema",
 ]

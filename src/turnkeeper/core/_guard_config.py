@@ -83,6 +83,14 @@ class TerminalTool(msgspec.Struct, frozen=True):
     answer: bool = True
 
 
+class TypedOutput(msgspec.Struct, frozen=True):
+    """For a spec with an `output_schema`: send an answer that does not match it back to the
+    model, saying what is wrong, `max_reprompts` times (0 or more) in an episode, then halt
+    (`invalid_output`). Off (None), the first such answer ends the episode."""
+
+    max_reprompts: int = 2
+
+
 class Budget(msgspec.Struct, frozen=True):
     """Per-episode limits on tokens (1 or more) and wall-clock seconds (finite, more than 0).
     With `answer` (the default), a spent budget still allows one last call with tools
@@ -135,6 +143,7 @@ class GuardConfig(msgspec.Struct, frozen=True):
     budget: Budget | None = None
     small_model: SmallModel | None = None
     cost: CostBudget | None = None
+    output: TypedOutput | None = TypedOutput()
 
 
 _GUARD_KINDS: dict[str, type] = {
@@ -149,6 +158,7 @@ _GUARD_KINDS: dict[str, type] = {
     "budget": Budget,
     "small_model": SmallModel,
     "cost": CostBudget,
+    "output": TypedOutput,
 }
 
 
@@ -195,6 +205,8 @@ def check_guards(config: GuardConfig, *, since: GuardConfig | None = None) -> No
             for limit in ("max_cost", "max_session_cost"):
                 if getattr(value, limit) is not None:
                     check_limit(getattr(value, limit), f"{field}.{limit}")
+        elif isinstance(value, TypedOutput):
+            check_count(f"{field}.max_reprompts", value.max_reprompts, 0)
         elif isinstance(value, SmallModel):
             check_count(f"{field}.window_turns", value.window_turns, 1)
             check_count(f"{field}.max_result_chars", value.max_result_chars, 1)

@@ -4,22 +4,31 @@ for a small model, and the safe coercions applied before it.
 A schema is checked with the dialect its `$schema` names; without one (or with one the
 library does not know), as Draft 2020-12, else as draft-07 when only draft-07 accepts it
 (`items` as a list, `additionalItems`, `dependencies`). Compiled validators are cached per
-schema. `format` is not asserted. `$ref`s are resolved within the schema only: nothing is
+schema. `format` is not asserted, but for an answer's check (`formats=True`), where the
+formats msgspec writes in its types' schemas are asserted as msgspec decodes them (`date`,
+`date-time`, `time`, `duration`, `uuid`, `decimal`), so that a value that passes decodes
+into the type. `$ref`s are resolved within the schema only: nothing is
 ever fetched, and a `$ref` that leads nowhere is an error message. `schema_problem` says up
-front whether a schema can be used at all.
+front whether a schema can be used at all; one that cannot (a `$ref` in a circle, say) is
+not run at all, nor a value nested more than 64 levels deep: deep enough, the library's
+recursion fails inside its Rust-backed registry, where a RecursionError turns into a
+panic that no `except Exception` catches.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
 import re
+import uuid
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from decimal import Decimal
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Annotated, Any, cast
 
+import msgspec
 import referencing
 import referencing.jsonschema
 from jsonschema import (
@@ -28,12 +37,14 @@ from jsonschema import (
     Draft7Validator,
     Draft201909Validator,
     Draft202012Validator,
+    FormatChecker,
 )
 from jsonschema.exceptions import ValidationError, best_match
 from jsonschema.protocols import Validator
 from jsonschema.validators import extend
 from referencing.exceptions import Unresolvable
 
+from turnkeeper.core._depth import nests_deeper
 from turnkeeper.core._simple_schema import Check, compile_simple
 
 if TYPE_CHECKING:
@@ -43,7 +54,8 @@ if TYPE_CHECKING:
 __all__ = ["MAX_ERRORS", "coerce", "schema_problem", "validate"]
 
 MAX_ERRORS = 20
-_MAX_DEPTH = 64  # of `$ref` hops and nesting that `coerce` follows
+_MAX_DEPTH = 64  # of `$ref` hops and nesting that `coerce` follows, and of a value checked
+_TOO_DEEP = "$: validation stopped: the schema or the value nests too deeply"
 
 
 def _exact_multiple_of(cls: type[Validator]) -> type[Validator]:
@@ -128,6 +140,35 @@ _REF_ALONE = frozenset(
 )
 
 
+def _decodes(kind: Any) -> Callable[[object], bool]:
+    """Whether a string decodes as `kind` in msgspec (a format applies to strings only)."""
+
+    def check(value: object) -> bool:
+        if not isinstance(value, str):
+            return True
+        try:
+            msgspec.convert(value, kind)
+        except msgspec.ValidationError:
+            return False
+        return True
+
+    return check
+
+
+_FORMATS = FormatChecker(formats=())
+_MSGSPEC_FORMATS: dict[str, Any] = {
+    "date": datetime.date,
+    # msgspec writes these formats only for values with a time zone.
+    "date-time": Annotated[datetime.datetime, msgspec.Meta(tz=True)],
+    "time": Annotated[datetime.time, msgspec.Meta(tz=True)],
+    "duration": datetime.timedelta,
+    "uuid": uuid.UUID,
+    "decimal": Decimal,
+}
+for _format, _decoded in _MSGSPEC_FORMATS.items():
+    _FORMATS.checks(_format)(_decodes(_decoded))
+
+
 class _Checker:
     """A compiled schema: its validator, a resolver for following its `$ref`s, and a fast
     exact check when the schema is simple enough for one."""
@@ -147,22 +188,31 @@ class _Checker:
     def is_valid(self, instance: object) -> bool:
         if self.simple is not None:
             return self.simple(instance)
+        if self.problem is not None or nests_deeper(instance, _MAX_DEPTH):
+            return False
         return bool(self.validator.is_valid(cast(Any, instance)))
 
 
-def validate(schema: Mapping[str, Any], instance: object) -> list[str]:
+def validate(schema: Mapping[str, Any], instance: object, *, formats: bool = False) -> list[str]:
     """Check `instance` against `schema`; return up to MAX_ERRORS messages, [] if valid.
+    With `formats`, msgspec's formats are asserted (see the module's notes).
 
     Each message starts with the path of the value it is about, e.g.
     `$.city: expected string, got integer`. It never raises: a schema the library rejects
     gives one message, `$: the tool's input schema is invalid (...)`, for every instance,
-    so a broken tool fails loudly instead of running unchecked.
+    so a broken tool fails loudly instead of running unchecked; so does one whose `$ref`s
+    cannot be followed (see `schema_problem`). A value nested more than 64 levels deep is
+    not checked: its message says so.
     """
-    checker = _checker(schema)
+    checker = _checker(schema, formats)
     if isinstance(checker, str):
         return [checker]
     if checker.simple is not None and checker.simple(instance):
         return []
+    if checker.problem is not None:
+        return [checker.problem]
+    if nests_deeper(instance, _MAX_DEPTH):
+        return [_TOO_DEEP]
     messages: dict[str, None] = {}
     try:
         for error in checker.validator.iter_errors(cast(Any, instance)):
@@ -172,7 +222,7 @@ def validate(schema: Mapping[str, Any], instance: object) -> list[str]:
     except Unresolvable as error:
         messages[f"$: the schema's $ref {_show(_ref_of(error))} cannot be resolved"] = None
     except RecursionError:
-        messages["$: validation stopped: the schema or the value nests too deeply"] = None
+        messages[_TOO_DEEP] = None
     except (OverflowError, ValueError):  # the library's arithmetic and messages on huge numbers
         messages["$: validation stopped: a number is too large to check"] = None
     return list(messages)[:MAX_ERRORS]
@@ -197,7 +247,7 @@ def coerce(schema: Mapping[str, Any], arguments: dict[str, Any]) -> dict[str, An
     Never raises.
     """
     checker = _checker(schema)
-    if isinstance(checker, str) or not isinstance(arguments, dict):
+    if isinstance(checker, str) or checker.problem is not None or not isinstance(arguments, dict):
         return arguments
     if checker.simple is not None and checker.simple(arguments):
         return arguments
@@ -234,13 +284,16 @@ def schema_problem(schema: Mapping[str, Any]) -> str | None:
 
 
 _recent: dict[int, tuple[Mapping[str, Any], object, _Checker | str]] = {}
+_recent_with_formats: dict[int, tuple[Mapping[str, Any], object, _Checker | str]] = {}
 
 
-def _checker(schema: Mapping[str, Any]) -> _Checker | str:
-    """The compiled schema, or the message that says why it cannot be used."""
+def _checker(schema: Mapping[str, Any], formats: bool = False) -> _Checker | str:
+    """The compiled schema (asserting msgspec's formats, with `formats`), or the message
+    that says why it cannot be used."""
     # Fast path: the same schema object as a recent call, still equal to the copy compiled
     # then (so a schema changed in place is compiled again).
-    recent = _recent.get(id(schema))
+    recents = _recent_with_formats if formats else _recent
+    recent = recents.get(id(schema))
     if recent is not None and recent[0] is schema and recent[1] == schema:
         return recent[2]
     try:
@@ -248,15 +301,15 @@ def _checker(schema: Mapping[str, Any]) -> _Checker | str:
         text = json.dumps(schema, ensure_ascii=False, allow_nan=True)
     except (TypeError, ValueError, RecursionError):
         return "$: the tool's input schema is not JSON, so its arguments cannot be checked"
-    checker = _compile(text)
-    if len(_recent) >= 512:
-        _recent.clear()
-    _recent[id(schema)] = (schema, json.loads(text), checker)
+    checker = _compile(text, formats)
+    if len(recents) >= 512:
+        recents.clear()
+    recents[id(schema)] = (schema, json.loads(text), checker)
     return checker
 
 
 @lru_cache(maxsize=512)
-def _compile(text: str) -> _Checker | str:
+def _compile(text: str, formats: bool = False) -> _Checker | str:
     try:
         schema = json.loads(text)
     except RecursionError:
@@ -276,11 +329,17 @@ def _compile(text: str) -> _Checker | str:
             dialect = str(cls.META_SCHEMA.get("$id", cls.META_SCHEMA.get("id")))
             spec = referencing.jsonschema.specification_with(dialect)
             resolver = _OFFLINE.resolver_with_root(spec.create_resource(schema))
-            simple = None if cls.TYPE_CHECKER is _DRAFT4_TYPES else compile_simple(schema)
+            # The simple check takes `format` for an annotation.
+            simple = (
+                None
+                if cls.TYPE_CHECKER is _DRAFT4_TYPES or (formats and '"format"' in text)
+                else compile_simple(schema)
+            )
             # Without a $ref anywhere, there is no $ref to follow.
             refs = any(f'"{keyword}"' in text for keyword in _REFS)
             unusable = _ref_problem(schema, resolver, cls, spec) if refs else None
-            return _Checker(cls(schema, registry=_OFFLINE), resolver, simple, unusable)
+            validator = cls(schema, registry=_OFFLINE, format_checker=_FORMATS if formats else None)
+            return _Checker(validator, resolver, simple, unusable)
         problem = problem or f"at {_path(error.absolute_path)}: {_cut(error.message, 160)}"
     return _invalid(problem)
 
@@ -435,6 +494,8 @@ def _sentence(error: ValidationError, path: str) -> str:
         return f"{what} has {size} {units[size == 1]}, {bound} {_show(expected)}"
     if keyword == "pattern":
         return f"{_show(value)} does not match the pattern {_show(expected)}"
+    if keyword == "format":
+        return f"{_show(value)} is not a valid {expected}"
     if keyword == "uniqueItems":
         return "items must be unique, but some are repeated"
     if keyword == "not":

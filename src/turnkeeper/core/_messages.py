@@ -7,6 +7,7 @@ from typing import Any, Final
 
 import msgspec
 
+from turnkeeper.core._depth import nests_deeper
 from turnkeeper.core._types import Message, ToolUse
 
 MAX_ARGUMENT_DEPTH: Final = 64
@@ -25,7 +26,6 @@ _decode = msgspec.json.Decoder().decode
 # What encoding arguments that JSON cannot hold raises.
 _UNENCODABLE = (TypeError, msgspec.EncodeError, OverflowError, ValueError)
 _SEQUENCES = (list, tuple)
-_CONTAINERS = (dict, list, tuple)
 _TOO_DEEP: Final = (
     f"arguments are nested too deeply (more than {MAX_ARGUMENT_DEPTH} levels of objects and arrays)"
 )
@@ -57,22 +57,6 @@ def text_of(message: Message) -> str | None:
         ]
         return "".join(parts) if parts else None
     return None
-
-
-def nests_deeper(value: object, limit: int) -> bool:
-    """Whether `value` holds dicts, lists or tuples more than `limit` levels deep (one alone
-    is 1 level). Walks a level at a time, not recursively, and stops past `limit`."""
-    level = [value] if isinstance(value, _CONTAINERS) else []
-    for _ in range(limit):
-        if not level:
-            return False
-        level = [
-            item
-            for container in level
-            for item in (container.values() if isinstance(container, dict) else container)
-            if isinstance(item, _CONTAINERS)
-        ]
-    return bool(level)
 
 
 def decode_arguments(arguments: object) -> tuple[dict[str, Any], str | None]:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import re
 from decimal import Decimal
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 import msgspec
 
 from turnkeeper.core._checks import check_seconds
 from turnkeeper.core._errors import InputError
 from turnkeeper.core._jsonschema import is_valid, schema_problem
+from turnkeeper.core._output import output_problem
 from turnkeeper.core._pricing import Pricing, add_costs
 
 Message = dict[str, Any]
@@ -24,6 +25,14 @@ Approval = Literal["never", "always"] | dict[str, Any]
 of the arguments (a call whose arguments match it needs approval). A schema, not a Python
 function: the spec is logged, and replay, another worker and the HTTP API must all reach
 the same answer from the log alone."""
+
+if TYPE_CHECKING:
+    OutputSchema: TypeAlias = dict[str, Any] | type[Any]
+else:
+    # The log and the HTTP API hold a JSON Schema only: a type given in Python is turned
+    # into its schema before the spec is logged (`with_output_schema`), so msgspec, which
+    # decodes specs, knows the field as an object.
+    OutputSchema = dict[str, Any]
 
 
 class Usage(msgspec.Struct, frozen=True, gc=False):
@@ -159,6 +168,13 @@ class AgentSpec(msgspec.Struct, frozen=True):
     session's spec, in OpenAI's ranges: `temperature` from 0 to 2, `top_p` more than 0 and
     at most 1, `max_tokens` 1 or more, `seed` a 64-bit integer; `stop` is a list of strings.
     `pricing` is the price of `model`, from which each call's cost is computed.
+
+    `output_schema` types the final answer: a JSON Schema, or a type msgspec can describe
+    (a msgspec Struct, a dataclass), which `run()` and the Host turn into its JSON Schema
+    for the log and decode the answer into. The answer must then be JSON that matches it;
+    one that does not is sent back to the model to fix (the `output` guard) and, after
+    that, ends the episode (`invalid_output`). A spec with an `output_schema` has no
+    `terminal_tool`, whose arguments would be the result instead.
     """
 
     system_prompt: str = ""
@@ -172,6 +188,7 @@ class AgentSpec(msgspec.Struct, frozen=True):
     stop: tuple[str, ...] | None = None
     mcp_servers: tuple[McpServer, ...] = ()
     pricing: Pricing | None = None
+    output_schema: OutputSchema | None = None
 
     def __post_init__(self) -> None:
         tools = tuple(self.tools)
@@ -246,6 +263,15 @@ def check_spec(spec: AgentSpec) -> None:
     check these, so a log written before they were checked still reads."""
     if spec.pricing is not None and not isinstance(spec.pricing, Pricing):
         raise InputError(f"spec.pricing: expected a Pricing, got {type(spec.pricing).__name__}")
+    problem = output_problem(spec.output_schema)
+    if problem is not None:
+        raise InputError(problem)
+    if spec.output_schema is not None and spec.terminal_tool is not None:
+        raise InputError(
+            f"spec.output_schema: the spec's terminal_tool {spec.terminal_tool!r} ends the run "
+            "with its arguments, checked by its input_schema; give a spec an output_schema or "
+            "a terminal_tool, not both"
+        )
     for index, tool in enumerate(spec.tools):
         _check_name(tool.name, f"spec.tools[{index}].name")
         check_tool(tool, f"spec.tools[{index}]")

@@ -58,7 +58,8 @@ class ToolResultsReceived(Event, frozen=True, tag="local.tool_results", omit_def
 
 Counts = Literal["warning", "reprompt"]
 """What a directive counts in the session's state: a loop warning (`warnings`, and the
-repeats it warned of) or a re-prompt for the terminal tool (`reprompts`)."""
+repeats it warned of) or a re-prompt (`reprompts`) for the terminal tool, or for an answer
+that does not match the output schema (a spec has one or the other)."""
 
 LEGACY_COUNTS: dict[str, Counts] = {"loop": "warning", "terminal": "reprompt"}
 """What a directive logged without `counts` (before the field existed) counts, by the guard
@@ -230,6 +231,13 @@ class TerminalToolCalled(Event, frozen=True, tag="local.terminal"):
     result: dict[str, Any]
 
 
+class OutputAccepted(Event, frozen=True, tag="local.output"):
+    """The episode's answer matched the spec's `output_schema`: `value` is the JSON value
+    its text gives (after the safe coercions), the session's typed output."""
+
+    value: Any
+
+
 class Cancelled(Event, frozen=True, tag="local.cancelled"):
     """The session was cancelled from outside."""
 
@@ -274,6 +282,7 @@ AnyEvent = (
     | AnswerRequested
     | AnsweredAfterStop
     | TerminalToolCalled
+    | OutputAccepted
     | Cancelled
     | Forked
     | Failed

@@ -13,6 +13,7 @@ from turnkeeper.core import (
     SelfFeeding,
     SmallModel,
     TerminalTool,
+    TypedOutput,
 )
 from turnkeeper.guards._answer import (
     answer_messages,
@@ -36,6 +37,7 @@ from turnkeeper.guards._builtin import (
 from turnkeeper.guards._compose import compose
 from turnkeeper.guards._cost import cost_budget
 from turnkeeper.guards._feeding import self_feeding
+from turnkeeper.guards._output import answer_problem, output_halt, typed_output
 from turnkeeper.guards._small_model import correct_reply, restate_request, resume_next_step, window
 from turnkeeper.guards._view import (
     CONTINUE,
@@ -62,6 +64,7 @@ default_guards: Guard = compose(
     restate_request,
     correct_reply,
     terminal_tool,
+    typed_output,
     final_turn,
 )
 """Every built-in guard, each configured (or turned off) by the session's GuardConfig."""
@@ -87,8 +90,10 @@ __all__ = [
     "SelfFeeding",
     "SmallModel",
     "TerminalTool",
+    "TypedOutput",
     "Verdict",
     "answer_messages",
+    "answer_problem",
     "answer_request",
     "answers_after",
     "budget",
@@ -103,12 +108,14 @@ __all__ = [
     "grounded",
     "loop_detection",
     "max_turns",
+    "output_halt",
     "repair",
     "repairs",
     "restate_request",
     "resume_next_step",
     "self_feeding",
     "terminal_tool",
+    "typed_output",
     "window",
     "with_last_result",
 ]

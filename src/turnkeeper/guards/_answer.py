@@ -86,6 +86,8 @@ def answer_request(state: SessionState, halt: Halt) -> AnswerRequested:
     # returned: ... Using these results, answer the user in one sentence.", 15 with the
     # call quoted beside its result; without the request quoted, 9 of 12 against 11.
     text = f"{asked}The answer is {shown}. Say that to the user."
+    if state.spec.output_schema is not None:
+        text = f"{asked}The answer is {shown}. Give it as only JSON that matches the output schema."
     return AnswerRequested(guard=halt.guard, reason=halt.reason, message=halt.message, text=text)
 
 

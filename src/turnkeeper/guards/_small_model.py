@@ -77,7 +77,8 @@ def correct_reply(view: GuardView) -> Verdict:
             "Fix the call and try again, or tell the user plainly that it failed."
         )
         return Verdict(directives=(Directive("small_model", text),))
-    echoed = _echoed_result(state.history, reply.text)
+    # A typed answer is judged by its schema: one that repeats a tool's JSON may be right.
+    echoed = None if state.spec.output_schema else _echoed_result(state.history, reply.text)
     if echoed is not None:
         return Verdict(replacement=Directive("small_model", gist(echoed)))
     pushed = _pushed_tool(state, reply.text)

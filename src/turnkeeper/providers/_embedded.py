@@ -269,17 +269,26 @@ def _json_grammar(schema: str) -> LlamaGrammar:
 
 
 def _with_grammar(params: dict[str, Any]) -> dict[str, Any]:
-    """`params` with a `response_format` JSON schema turned into the grammar of its JSON."""
+    """`params` with a `response_format` JSON schema turned into the grammar of its JSON:
+    llama.cpp's `{"type": "json_object", "schema": ...}` or OpenAI's `{"type":
+    "json_schema", "json_schema": {"schema": ...}}`."""
     response_format = params.get("response_format")
-    if not isinstance(response_format, dict) or response_format.get("type") != "json_object":
+    if not isinstance(response_format, dict):
         return params
-    schema = response_format.get("schema")
+    kind = response_format.get("type")
+    schema: object = None
+    if kind == "json_object":
+        schema = response_format.get("schema")
+    elif kind == "json_schema" and isinstance(response_format.get("json_schema"), dict):
+        schema = response_format["json_schema"].get("schema")
     if not isinstance(schema, dict):
         return params
     try:
         # Keys unsorted: their order is the order the reply writes them (a call's name first).
         grammar = _json_grammar(json.dumps(schema))
-    except (ValueError, TypeError, RecursionError) as error:
+    # The converter asserts, and fails with a KeyError on some `$ref`s (a root `$ref` to a
+    # definition that refers to itself).
+    except (ValueError, TypeError, RecursionError, KeyError, AssertionError) as error:
         raise ChatError(
             f"response_format: cannot build a grammar from the schema: {error}", transient=False
         ) from error

@@ -13,6 +13,13 @@ shows each argument's type instead. For the same reason a reply with tools withd
 (`tool_choice: "none"`) is constrained to a `final_answer` call rather than to free prose:
 asked to answer from a history of calls and results, the model given a prose-only grammar
 answered none of five questions, and given the answer call, four.
+
+A request for JSON of a schema (`response_format` of type `json_schema`, as a session
+with an `output_schema` sends) makes the schema `final_answer`'s arguments (an object
+schema as they are, any other under `answer`), offered even to a request without tools:
+the grammar then admits only an answer of that schema, and the answer comes back as its
+JSON text. A reply written as any other JSON (not as a call of an offered tool) is taken
+as the answer as written, never as a call.
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ this name); its one argument is `text`."""
 _ANSWER_ARGUMENT: Final = "text"
 _ANSWER_KEY: Final = "answer"
 _NAMED_IN_DIRECTIVE = re.compile(r"`([^`]+)`")
+_FENCED = re.compile(r"```[A-Za-z0-9_-]*[ \t]*\r?\n?(.*?)\r?\n?[ \t]*```", re.DOTALL)
 # Fields a backend without chat-template tools may reject.
 _TOOL_FIELDS: Final = ("tools", "tool_choice", "parallel_tool_calls")
 _ANSWER_FUNCTION: Final[dict[str, Any]] = {
@@ -56,6 +64,59 @@ _ANSWER_FUNCTION: Final[dict[str, Any]] = {
         "required": [_ANSWER_ARGUMENT],
     },
 }
+_DEFINITIONS: Final = ("$defs", "definitions")
+"""Where a schema keeps the subschemas its `$ref`s name (2020-12's, draft-07's)."""
+
+
+class _Answer:
+    """How a reply gives its final answer: the `final_answer` function offered, the output
+    schema it carries (None for a plain answer, its `text`), whether that schema is under
+    `answer` (one that is not an object), and the schema's definitions, which a reply
+    schema holding it must hold at its root for its `$ref`s to resolve."""
+
+    def __init__(self, output: dict[str, Any] | None) -> None:
+        self.output = output
+        self.wrapped = False
+        self.definitions: dict[str, Any] = {}
+        if output is None:
+            self.function = _ANSWER_FUNCTION
+            return
+        parameters = {key: value for key, value in output.items() if key not in _DEFINITIONS}
+        self.definitions = {key: output[key] for key in _DEFINITIONS if key in output}
+        if parameters.get("type") != "object":
+            self.wrapped = True
+            parameters = {
+                "type": "object",
+                "properties": {_ANSWER_KEY: parameters},
+                "required": [_ANSWER_KEY],
+            }
+        self.function = {
+            "name": ANSWER_TOOL,
+            "description": "Give the user your final answer, as these arguments.",
+            "parameters": parameters,
+        }
+
+    def text(self, arguments: dict[str, Any]) -> str:
+        """The answer's text from the arguments of a `final_answer` call: for an output
+        schema, the answer as JSON; else the `text` argument (else all, as JSON)."""
+        if self.output is not None:
+            value = arguments.get(_ANSWER_KEY) if self.wrapped else arguments
+            return json.dumps(value, ensure_ascii=False)
+        text = arguments.get(_ANSWER_ARGUMENT)
+        if isinstance(text, str) and len(arguments) == 1:
+            return text
+        return json.dumps(arguments, ensure_ascii=False)
+
+
+def _answer_of_request(request: dict[str, Any]) -> _Answer:
+    """How a reply to `request` gives its final answer (see `_Answer`)."""
+    response_format = request.get("response_format")
+    if isinstance(response_format, dict) and response_format.get("type") == "json_schema":
+        described = response_format.get("json_schema")
+        schema = described.get("schema") if isinstance(described, dict) else None
+        if isinstance(schema, dict):
+            return _Answer(schema)
+    return _Answer(None)
 
 
 class InlineTools:
@@ -102,21 +163,31 @@ def inline_request(request: dict[str, Any], *, grammar: bool) -> dict[str, Any]:
     """
     tools = [_function_of(tool) for tool in request.get("tools") or []]
     choice = tool_choice_of(request)
+    answer = _answer_of_request(request)
     rewritten = {key: value for key, value in request.items() if key not in _TOOL_FIELDS}
+    if answer.output is not None:
+        # Replaced by the call format (and its grammar): the answer is a call's arguments.
+        del rewritten["response_format"]
     messages = _plain_history(list(request.get("messages") or []))
-    if tools or choice == "none":
-        allowed = _tools_allowed(request, tools, choice)
-        if choice == "none":
-            prompt = answer_prompt(results=any(m.get("role") == "tool" for m in _dicts(request)))
+    if tools or choice == "none" or answer.output is not None:
+        allowed = _tools_allowed(request, tools, choice, answer.function)
+        if choice == "none" or not tools:
+            prompt = answer_prompt(
+                results=any(m.get("role") == "tool" for m in _dicts(request)),
+                answer=answer.function if answer.output is not None else None,
+            )
         else:
             # A final-turn directive narrows only the grammar; a tool_choice, the prompt too.
             listed = tools if choice is None else allowed
-            prompt = tool_prompt(listed, grammar=grammar, answer=choice is None)
+            prompt = tool_prompt(
+                listed, grammar=grammar, answer=choice is None, answer_tool=answer.function
+            )
         messages = _with_system_text(messages, prompt)
         if grammar:
+            schema = reply_schema(allowed)
             rewritten["response_format"] = {
                 "type": "json_object",
-                "schema": reply_schema(allowed),
+                "schema": {**answer.definitions, **schema} if answer.definitions else schema,
             }
     rewritten["messages"] = messages
     return rewritten
@@ -167,7 +238,13 @@ def inline_response(response: dict[str, Any], request: dict[str, Any]) -> dict[s
     """
     choices = response.get("choices")
     withdrawn = tool_choice_of(request) == "none"
-    if not (request.get("tools") or withdrawn) or not isinstance(choices, list) or not choices:
+    answering = _answer_of_request(request)
+    typed = answering.output is not None
+    if (
+        not (request.get("tools") or withdrawn or typed)
+        or not isinstance(choices, list)
+        or not choices
+    ):
         return response
     choice = choices[0]
     message = choice.get("message") if isinstance(choice, dict) else None
@@ -176,11 +253,11 @@ def inline_response(response: dict[str, Any], request: dict[str, Any]) -> dict[s
     text = message.get("content")
     if not isinstance(text, str):
         return response
-    answer = _answer_of(text)
+    answer = _typed_answer(text, request, answering) if typed else _answer_of(text)
     parsed = ParsedReply(answer, (), False) if answer is not None else parse_tool_calls(text)
     content, calls, unreadable = parsed.content, list(parsed.calls), parsed.unreadable
-    if withdrawn or not _offers(request, ANSWER_TOOL):
-        answers = [_answer_text(call) for call in calls if call.name == ANSWER_TOOL]
+    if withdrawn or typed or not _offers(request, ANSWER_TOOL):
+        answers = [answering.text(call.arguments) for call in calls if call.name == ANSWER_TOOL]
         calls = [call for call in calls if call.name != ANSWER_TOOL]
         content = "\n\n".join(part for part in [content, *answers] if part) or None
     if withdrawn and calls:
@@ -231,11 +308,14 @@ def reply_schema(tools: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def with_answer_tool(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """`tools` and the `final_answer` pseudo-tool, unless one of them already has its name."""
+def with_answer_tool(
+    tools: list[dict[str, Any]], answer: dict[str, Any] = _ANSWER_FUNCTION
+) -> list[dict[str, Any]]:
+    """`tools` and the `final_answer` pseudo-tool (`answer`, its function), unless one of
+    them already has its name."""
     if any(tool["name"] == ANSWER_TOOL for tool in tools):
         return tools
-    return [*tools, _ANSWER_FUNCTION]
+    return [*tools, answer]
 
 
 def _function_of(tool: Any) -> dict[str, Any]:
@@ -255,22 +335,26 @@ def _parameters_of(tool: dict[str, Any]) -> dict[str, Any]:
 
 
 def _tools_allowed(
-    request: dict[str, Any], tools: list[dict[str, Any]], choice: str | None
+    request: dict[str, Any],
+    tools: list[dict[str, Any]],
+    choice: str | None,
+    answer: dict[str, Any],
 ) -> list[dict[str, Any]]:
-    """The tools a reply may call: for `tool_choice` "none", `final_answer` alone; for
-    "required", every tool; for a named function, that one. Else all and `final_answer`,
-    and on a final-turn directive the tools it names, else `final_answer` alone."""
+    """The tools a reply may call: for `tool_choice` "none", `final_answer` (`answer`, its
+    function) alone; for "required", every tool; for a named function, that one. Else all
+    and `final_answer`, and on a final-turn directive the tools it names, else
+    `final_answer` alone."""
     if choice == "none":
-        return with_answer_tool([])
+        return with_answer_tool([], answer)
     if choice == "required":
         return tools
     if choice is not None:
         return [tool for tool in tools if tool["name"] == choice][:1]
     directive = _last_user_text(request.get("messages") or [])
     if directive is None or not directive.startswith(FINAL_TURN_PREFIX):
-        return with_answer_tool(tools)
+        return with_answer_tool(tools, answer)
     named = set(_NAMED_IN_DIRECTIVE.findall(directive))
-    return [tool for tool in tools if tool["name"] in named] or with_answer_tool([])
+    return [tool for tool in tools if tool["name"] in named] or with_answer_tool([], answer)
 
 
 def _offers(request: dict[str, Any], name: str) -> bool:
@@ -293,11 +377,17 @@ def _with_system_text(messages: list[dict[str, Any]], prompt: str) -> list[dict[
     return [{"role": "system", "content": prompt}, *messages]
 
 
-def tool_prompt(tools: list[dict[str, Any]], *, grammar: bool, answer: bool = True) -> str:
-    """The system-prompt section that lists `tools` (and `final_answer`, with `answer`) and
-    the reply format, with a worked example for the first (its arguments' types, not
-    values, which a small model copies)."""
-    listed = with_answer_tool(tools) if answer else tools
+def tool_prompt(
+    tools: list[dict[str, Any]],
+    *,
+    grammar: bool,
+    answer: bool = True,
+    answer_tool: dict[str, Any] = _ANSWER_FUNCTION,
+) -> str:
+    """The system-prompt section that lists `tools` (and `final_answer`, `answer_tool`,
+    with `answer`) and the reply format, with a worked example for the first (its
+    arguments' types, not values, which a small model copies)."""
+    listed = with_answer_tool(tools, answer_tool) if answer else tools
     lines = ["You can use these tools:"]
     for tool in listed:
         lines.extend(_tool_lines(tool))
@@ -311,7 +401,8 @@ def tool_prompt(tools: list[dict[str, Any]], *, grammar: bool, answer: bool = Tr
     ]
     if not answer:
         lines.append("Call one of these tools now.")
-    elif grammar:
+    elif grammar or answer_tool is not _ANSWER_FUNCTION:
+        # A typed answer is a call's arguments only: no plain text to fall back on.
         lines.append(f"When you know the final answer, call {ANSWER_TOOL} with it.")
     else:
         lines.append(
@@ -321,13 +412,21 @@ def tool_prompt(tools: list[dict[str, Any]], *, grammar: bool, answer: bool = Tr
     return "\n".join(lines)
 
 
-def answer_prompt(*, results: bool) -> str:
+def answer_prompt(*, results: bool, answer: dict[str, Any] | None = None) -> str:
     """The system-prompt section for a reply with tools withdrawn: the answer call's format,
     and with `results`, to answer from them. Measured on SmolLM2-135M over 8 questions
     answered from a tool result: right on 7 with a system prompt before it and 7 without
     (with the answer shown as `<your answer as a string>`, unquoted: 7 and 6; as `"..."`,
-    5 and 5, the model copying words of the question)."""
+    5 and 5, the model copying words of the question). With `answer`, the function of a
+    typed answer, the format shows its arguments' types, and each argument is listed."""
     source = " from the results above," if results else ""
+    if answer is not None:
+        lines = _tool_lines(answer)[1:]
+        listed = "".join(f"\n{line.strip()}" for line in lines)
+        return (
+            f"Reply with your final answer to the user's request,{source} as only this JSON "
+            f"object:\n{_example_call(answer)}{listed}"
+        )
     return (
         f"Reply with your final answer to the user's request,{source} as only this JSON "
         f'object:\n{{"name": "{ANSWER_TOOL}", "arguments": {{"{_ANSWER_ARGUMENT}": '
@@ -478,12 +577,28 @@ def _names_a_tool(content: str, request: dict[str, Any]) -> bool:
     return name == ANSWER_TOOL or name in offered
 
 
-def _answer_text(call: ParsedCall) -> str:
-    """The text of a `final_answer` call: its `text` argument, else all its arguments."""
-    text = call.arguments.get(_ANSWER_ARGUMENT)
-    if isinstance(text, str) and len(call.arguments) == 1:
-        return text
-    return json.dumps(call.arguments, ensure_ascii=False)
+def _typed_answer(text: str, request: dict[str, Any], answer: _Answer) -> str | None:
+    """The answer a reply to a request for JSON gives, as JSON text, when the reply is one
+    JSON value (alone, or alone in a fenced block): the arguments of a `final_answer`
+    call, or any JSON that is not a call of an offered tool, as written. None otherwise
+    (prose, calls, calls in tags): the parser reads it."""
+    body = text.strip()
+    fenced = _FENCED.fullmatch(body)
+    if fenced is not None:
+        body = fenced[1].strip()
+    try:
+        value = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    if nests_deeper(value, MAX_JSON_DEPTH):
+        return None
+    if isinstance(value, dict) and "name" in value and "arguments" in value:
+        name, arguments = value["name"], value["arguments"]
+        if name == ANSWER_TOOL and isinstance(arguments, dict) and not _offers(request, name):
+            return answer.text(arguments)
+        if isinstance(name, str) and _offers(request, name):
+            return None
+    return body
 
 
 def _tool_call(call: ParsedCall, call_id: str) -> dict[str, Any]:

@@ -545,6 +545,13 @@ def _request_rules(limits: Limits) -> dict[str, dict[str, dict[str, Any]]]:
         "PostApprovals": {"decisions": {"minItems": 1}},
         "ApprovalDecision": {"reason": {"maxLength": limits.max_text_chars}},
         "AgentSpec": {
+            "output_schema": {
+                "description": "A JSON Schema the final answer must match: the answer is then "
+                "JSON, and the session's `output` holds its value. An answer that does not "
+                "match is sent back to the model to fix (`guards.output`), then ends the "
+                "episode (`invalid_output`). One that cannot be used, or one beside a "
+                "`terminal_tool`, is refused (422)."
+            },
             "temperature": {"minimum": 0, "maximum": 2},
             "top_p": {"exclusiveMinimum": 0, "maximum": 1},
             "max_tokens": {"minimum": 1},
@@ -567,6 +574,7 @@ def _request_rules(limits: Limits) -> dict[str, dict[str, dict[str, Any]]]:
         "LoopDetection": {"warnings": {"minimum": 0}},
         "SelfFeeding": {"max_links": {"minimum": 1}, "warnings": {"minimum": 0}},
         "TerminalTool": {"max_reprompts": {"minimum": 0}},
+        "TypedOutput": {"max_reprompts": {"minimum": 0}},
         "Budget": {"max_tokens": {"minimum": 1}, "max_seconds": _SECONDS},
         "Pricing": {"input_per_million": _PRICE, "output_per_million": _PRICE},
         "CostBudget": {"max_cost": _SECONDS, "max_session_cost": _SECONDS},

@@ -29,6 +29,9 @@ from turnkeeper.core import (
     UnloggableEvent,
     Usage,
     check_seconds,
+    output_type,
+    schema_key,
+    with_output_schema,
 )
 from turnkeeper.events import AnyEvent, Cancelled, Envelope, MessageQueued, ToolReturned
 from turnkeeper.logs import LARGEST_SEQ, SeqConflict, check_batch
@@ -136,10 +139,17 @@ class Host(HostActor, HostRecovery, HostResting, HostApprovals, HostForks):
         guards: GuardConfig | None = None,
         history: Sequence[dict[str, Any]] | None = None,
     ) -> str:
-        """Open a session and start on `prompt`; returns its id once both are logged."""
+        """Open a session and start on `prompt`; returns its id once both are logged.
+
+        A spec whose `output_schema` is a type is logged with that type's JSON Schema, and
+        the session's answer is decoded into it (`SessionInfo.output`) by this host, for
+        every session of that schema: a host started later on the same log decodes them
+        once a session of that type is started on it (until then, `output` is JSON)."""
         self._check_accepting()
         if not isinstance(spec, AgentSpec):
             raise InputError(f"spec: expected an AgentSpec, got {type(spec).__name__}")
+        kind = output_type(spec.output_schema)
+        spec = with_output_schema(spec)
         if prompt is not None and not isinstance(prompt, str):
             raise InputError(f"prompt: expected a string or None, got {type(prompt).__name__}")
         events, state = self._opening(spec, prompt, (), session_id, history, max_turns, guards)
@@ -166,6 +176,8 @@ class Host(HostActor, HostRecovery, HostResting, HostApprovals, HostForks):
                 await self._append(state.session_id, events, expected_seq=0)
             except SeqConflict:
                 raise _taken(state.session_id) from None
+            if kind is not None and isinstance(spec.output_schema, dict):
+                self._output_types[schema_key(spec.output_schema)] = kind
             session = _Session(state, _logged(events[-1]))
             session.mcp = mcp
             if prompt is not None:

@@ -13,7 +13,9 @@ from turnkeeper.events import (
     AnyEvent,
     Envelope,
     Failed,
+    Halted,
     McpFailed,
+    OutputAccepted,
     ToolCalled,
     ToolMayHaveRun,
     ToolReturned,
@@ -23,7 +25,9 @@ from turnkeeper.sessions._host_base import HostBase, _log
 from turnkeeper.sessions._host_records import _Session, _take_up
 from turnkeeper.sessions._inputs import Input, Resume, UserMessage
 from turnkeeper.sessions._poll import begin_poll, build_request, emit
+from turnkeeper.sessions._run import RUNNER
 from turnkeeper.sessions._tool_runner import ToolRunner
+from turnkeeper.sessions._typed import decoded
 from turnkeeper.state import SessionState, awaiting_approval
 from turnkeeper.tools import coerce_call, handled_as_error
 
@@ -349,6 +353,13 @@ class HostActor(HostBase):
                 self._note(session)
                 return
             self._count_events(events)
+            kind = self._output_type(ended)
+            if kind is not None and any(type(e.event) is OutputAccepted for e in events):
+                failure_text = decoded(ended, kind)[1]
+                if failure_text is not None:
+                    halt = Halted(guard=RUNNER, reason="invalid_output", message=failure_text)
+                    envelope, ended = emit(ended, halt, at=self.clock())
+                    events.append(envelope)
             local = [use for use in ended.pending if self._runs_here(session, ended, use)]
             if ended.approvals and awaiting_approval(ended):
                 local = []  # None runs before every call awaiting approval is decided.

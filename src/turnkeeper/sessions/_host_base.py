@@ -24,6 +24,7 @@ from turnkeeper.core import (
     add_costs,
     check_count,
     check_seconds,
+    schema_key,
     text_of,
 )
 from turnkeeper.events import AnyEvent, Envelope, ModelResponded
@@ -40,6 +41,7 @@ from turnkeeper.sessions._host_records import (
 from turnkeeper.sessions._poll import emit
 from turnkeeper.sessions._slots import Slots
 from turnkeeper.sessions._step_timeout import STEP_TIMEOUT, check_step_timeout, timed_chat
+from turnkeeper.sessions._typed import decoded
 from turnkeeper.state import SessionState, awaiting_approval
 from turnkeeper.tools import MAX_TOOL_RESULT_CHARS, McpPool, Tools, as_handler
 from turnkeeper.tracing import AgentSpan, agent_span, traced_chat
@@ -160,6 +162,9 @@ class HostBase:
         # that read one back from the log meanwhile would make a second record, and a
         # second task running the session beside the first.
         self._starting: dict[str, anyio.Event] = {}
+        # The types given as output schemas to `start`, by their JSON Schema (`schema_key`):
+        # the log holds the schema, and a session's answer is decoded into its type.
+        self._output_types: dict[str, Any] = {}
         self._group: anyio.abc.TaskGroup | None = None
         self._stack: AsyncExitStack | None = None
         self._accepting = False
@@ -370,6 +375,13 @@ class HostBase:
             return "running"
         return "halted" if state.status == "halted" else "idle"
 
+    def _output_type(self, state: SessionState) -> Any | None:
+        """The type given to `start` as the output schema of a session with `state`'s spec."""
+        schema = state.spec.output_schema
+        if not self._output_types or not isinstance(schema, dict):
+            return None
+        return self._output_types.get(schema_key(schema))
+
     def _info(self, session: _Session) -> SessionInfo:
         state = session.state
         status = self._status(session)
@@ -393,4 +405,11 @@ class HostBase:
             queued=len(state.queued),
             error=session.error if status in ("errored", "failed") else None,
             awaiting=awaiting_approval(state) if status == "awaiting_approval" else (),
+            output=self._typed_output(state),
         )
+
+    def _typed_output(self, state: SessionState) -> Any:
+        """The session's typed output, in the type given to `start` if one was (None if it
+        is not one of that type: its run ended `invalid_output`)."""
+        kind = None if state.output is None else self._output_type(state)
+        return state.output if kind is None else decoded(state, kind)[0]

@@ -60,7 +60,9 @@ class HostStopped(TurnkeeperError):
 class SessionInfo(msgspec.Struct, frozen=True):
     """A session as the host sees it now. `pending` are the tool calls waiting for results
     from outside; `awaiting` the calls waiting for approval (`Host.approve`); `text` is
-    the model's last answer or why the session stopped."""
+    the model's last answer or why the session stopped; `output` the typed output of a
+    spec with an `output_schema` (the answer's JSON value, or an instance of the type
+    given to `start` as the schema)."""
 
     session_id: str
     status: HostStatus
@@ -74,6 +76,7 @@ class SessionInfo(msgspec.Struct, frozen=True):
     queued: int
     error: str | None
     awaiting: tuple[ToolUse, ...] = ()
+    output: Any = None
 
 
 class SessionLock:

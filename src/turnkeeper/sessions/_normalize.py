@@ -16,6 +16,7 @@ from turnkeeper.events import (
     Envelope,
     Halted,
     ModelResponded,
+    OutputAccepted,
     ReplyReplaced,
     TerminalToolCalled,
 )
@@ -33,6 +34,8 @@ class TurnResult(msgspec.Struct, frozen=True):
     calls whose arguments were not a JSON object (their input is `{}`). `answered_after`
     names the stop a guard turned into this answer, as `guard (reason)`; a poll that
     asks for such an answer is `requires_action` with no tool uses (resume to make it).
+    `output` is an answer's typed output (the JSON value `local.output` holds), with
+    `typed` true; None and false when the spec has no `output_schema`.
     """
 
     terminal: Terminal
@@ -44,6 +47,8 @@ class TurnResult(msgspec.Struct, frozen=True):
     result: dict[str, Any] | None = None
     problems: tuple[str, ...] = ()
     answered_after: str | None = None
+    output: Any = None
+    typed: bool = False
 
 
 def normalize(events: Sequence[Envelope]) -> TurnResult:
@@ -56,6 +61,7 @@ def normalize(events: Sequence[Envelope]) -> TurnResult:
     replaced: str | None = None
     asked = False
     answered: AnsweredAfterStop | None = None
+    output: OutputAccepted | None = None
     for envelope in events:
         event = envelope.event
         if isinstance(event, ModelResponded):
@@ -74,7 +80,10 @@ def normalize(events: Sequence[Envelope]) -> TurnResult:
             asked = True
         elif isinstance(event, AnsweredAfterStop):
             answered = event
+        elif isinstance(event, OutputAccepted):
+            output = event
     frozen = tuple(events)
+    value = None if output is None else output.value
     usage = response.usage if response is not None else Usage()
     if halted is not None:
         return TurnResult("terminated", halted.reason, halted.message, (), usage, frozen)
@@ -83,7 +92,17 @@ def normalize(events: Sequence[Envelope]) -> TurnResult:
     if answered is not None and response is not None:
         after = f"{answered.guard} ({answered.reason})"
         text = text_of(response.message)
-        return TurnResult("end_turn", "end_turn", text, (), usage, frozen, answered_after=after)
+        return TurnResult(
+            "end_turn",
+            "end_turn",
+            text,
+            (),
+            usage,
+            frozen,
+            answered_after=after,
+            output=value,
+            typed=output is not None,
+        )
     if response is None:
         return TurnResult("terminated", "no_response", None, (), usage, frozen)
     text = text_of(response.message)
@@ -97,5 +116,14 @@ def normalize(events: Sequence[Envelope]) -> TurnResult:
     if calls or directed_after:
         return TurnResult("requires_action", "tool_use", text, fresh, usage, frozen, None, problems)
     if response.finish_reason == "stop":
-        return TurnResult("end_turn", "end_turn", replaced or text, (), usage, frozen)
+        return TurnResult(
+            "end_turn",
+            "end_turn",
+            replaced or text,
+            (),
+            usage,
+            frozen,
+            output=value,
+            typed=output is not None,
+        )
     return TurnResult("terminated", response.finish_reason or "unknown", text, (), usage, frozen)

@@ -10,7 +10,14 @@ from typing import Any
 
 import msgspec
 
-from turnkeeper.core import AgentSpec, GuardConfig, InputError, check_guards, check_spec
+from turnkeeper.core import (
+    AgentSpec,
+    GuardConfig,
+    InputError,
+    check_guards,
+    check_spec,
+    with_output_schema,
+)
 from turnkeeper.events import SessionOpened
 from turnkeeper.state import SessionState, initial_state
 
@@ -52,10 +59,12 @@ def open_session(
     With a non-empty `history` (a prior transcript, which already holds its system
     message) the session resumes it verbatim; otherwise it starts from the spec's
     system prompt. The spec and guards are checked as new input (`check_spec`,
-    `check_guards`); a session read back from a log is not.
+    `check_guards`); a session read back from a log is not. A spec's output type is
+    logged as its JSON Schema (`with_output_schema`).
     """
     if not isinstance(spec, AgentSpec):
         raise InputError(f"spec: expected an AgentSpec, got {type(spec).__name__}")
+    spec = with_output_schema(spec)
     check_spec(spec)
     if session_id is not None and (not isinstance(session_id, str) or not session_id.strip()):
         raise InputError(f"session_id: expected a non-empty string, got {session_id!r}")

@@ -25,6 +25,7 @@ from turnkeeper.core import (
     degenerate,
     is_unreadable,
     nests_deeper,
+    read_answer,
     text_of,
     tool_uses_of,
 )
@@ -39,6 +40,7 @@ from turnkeeper.events import (
     Halted,
     MessageReceived,
     ModelResponded,
+    OutputAccepted,
     ReplyReplaced,
     SessionOpened,
     TerminalToolCalled,
@@ -53,6 +55,7 @@ from turnkeeper.guards import (
     answers_after,
     default_guards,
     grounded,
+    output_halt,
     window,
 )
 from turnkeeper.sessions._inputs import Input, Kickoff, Resume, UserMessage
@@ -235,8 +238,25 @@ def _openai_tools(tools: tuple[ToolSpec, ...]) -> list[dict[str, Any]]:
     return shaped
 
 
+_formats: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
+
+
+def _response_format(schema: dict[str, Any]) -> dict[str, Any]:
+    """The `response_format` asking for JSON of the output schema, built once per schema."""
+    cached = _formats.get(id(schema))
+    if cached is not None and cached[0] is schema:
+        return cached[1]
+    if len(_formats) >= 256:
+        _formats.clear()
+    shaped = {"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}
+    _formats[id(schema)] = (schema, shaped)
+    return shaped
+
+
 def build_request(state: SessionState) -> dict[str, Any]:
-    """The chat request for the state's history. Backends must not mutate it."""
+    """The chat request for the state's history. Backends must not mutate it. A spec with
+    an `output_schema` asks for JSON of it (`response_format`, as OpenAI's API has it):
+    the schema then constrains the model's text, not its tool calls."""
     spec = state.spec
     history = state.history if state.answering is None else answer_messages(state, state.history)
     messages = window(history, state) if state.guards.small_model else list(history)
@@ -248,6 +268,8 @@ def build_request(state: SessionState) -> dict[str, Any]:
     if state.answering is not None:
         # The answer after a stop: tools withdrawn.
         request["tool_choice"] = "none"
+    if isinstance(spec.output_schema, dict):
+        request["response_format"] = _response_format(spec.output_schema)
     request.update(spec.sampling())
     return request
 
@@ -266,7 +288,11 @@ def end_poll(
     The reply to an answer after a stop (`state.answering`) meets no guard: with text it
     is the episode's answer (`local.answered_after_stop`); without text, with one phrase
     repeated, or holding none of the episode's results (see `grounded`), the episode
-    halts as the stop would have."""
+    halts as the stop would have.
+
+    With an `output_schema`, an answer that no guard acted on is the typed output
+    (`local.output`) if it matches the schema; one that does not (the `output` guard
+    being off, or out of re-prompts in the answer after a stop) halts the episode."""
     response, logged = _as_logged(response)
     message, finish_reason, usage = check_response(response, call_prefix=f"call_{state.seq + 1}")
     usage = priced(usage, state.spec)
@@ -316,6 +342,22 @@ def end_poll(
     elif verdict.replacement is not None and not reply.calls:
         replacement = verdict.replacement
         log.push(ReplyReplaced(guard=replacement.guard, text=replacement.text), now)
+    schema = state.spec.output_schema
+    if (
+        isinstance(schema, dict)
+        and verdict.halt is None
+        and verdict.finish is None
+        and not verdict.directives
+        and not reply.calls
+        and finish_reason == "stop"
+    ):
+        said = reply.text if verdict.replacement is None else verdict.replacement.text
+        value, problem = read_answer(schema, said)
+        if problem is None:
+            log.push(OutputAccepted(value=value), now)
+        else:
+            halt = output_halt(log.state, problem)
+            log.push(Halted(guard=halt.guard, reason=halt.reason, message=halt.message), now)
     return log.events, log.state
 
 
@@ -338,8 +380,18 @@ def _end_answer(
         now,
     )
     text = text_of(message)
-    if text and text.strip() and not degenerate(text) and grounded(state, text):
+    answered = (
+        text is not None and bool(text.strip()) and not degenerate(text) and grounded(state, text)
+    )
+    schema = state.spec.output_schema
+    value: Any = None
+    if answered and isinstance(schema, dict):
+        value, problem = read_answer(schema, text)
+        answered = problem is None
+    if answered:
         log.push(AnsweredAfterStop(guard=stop.guard, reason=stop.reason), now)
+        if isinstance(schema, dict):
+            log.push(OutputAccepted(value=value), now)
     else:
         log.push(Halted(guard=stop.guard, reason=stop.reason, message=stop.message), now)
     return log.events, log.state

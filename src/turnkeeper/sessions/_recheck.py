@@ -26,6 +26,7 @@ from turnkeeper.events import (
     MessageQueued,
     MessageReceived,
     ModelResponded,
+    OutputAccepted,
     ReplyReplaced,
     SessionOpened,
     TerminalToolCalled,
@@ -161,7 +162,8 @@ def by_guards(event: AnyEvent) -> bool:
         | ReplyReplaced
         | TerminalToolCalled
         | AnswerRequested
-        | AnsweredAfterStop,
+        | AnsweredAfterStop
+        | OutputAccepted,
     )
 
 
@@ -220,6 +222,8 @@ def _describe(events: Sequence[AnyEvent]) -> str:
             done.append(f"ask for an answer without tools after {event.guard} ({event.reason})")
         elif isinstance(event, AnsweredAfterStop):
             done.append("take the reply as the answer")
+        elif isinstance(event, OutputAccepted):
+            done.append("take the answer as the typed output")
     if done:
         return ", then ".join(done)
     if events and isinstance(events[0], ModelResponded):

@@ -22,6 +22,8 @@ from turnkeeper.core import (
     ToolUse,
     Usage,
     check_count,
+    output_type,
+    with_output_schema,
 )
 from turnkeeper.events import (
     AnyEvent,
@@ -41,6 +43,7 @@ from turnkeeper.sessions._open import open_session
 from turnkeeper.sessions._poll import begin_poll, emit, opened_event, unanswered
 from turnkeeper.sessions._step_timeout import STEP_TIMEOUT, check_step_timeout, timed_chat
 from turnkeeper.sessions._tool_runner import ToolRunner
+from turnkeeper.sessions._typed import decoded
 from turnkeeper.state import SessionState, approval_request, awaiting_approval, denial
 from turnkeeper.tools import (
     MAX_TOOL_RESULT_CHARS,
@@ -74,7 +77,9 @@ turn_guard), which no guard derives."""
 
 class RunResult(msgspec.Struct, frozen=True):
     """How a run ended. `transcript` reattaches (`run(..., history=transcript)`), `result`
-    holds the terminal tool's arguments, `turns` counts model calls."""
+    holds the terminal tool's arguments, `turns` counts model calls. `output` is the typed
+    output of a spec with an `output_schema`, when the run answered (`end_turn`): the
+    answer's JSON value, or an instance of the type given as the schema."""
 
     terminal: Terminal | str
     stop_reason: str
@@ -87,6 +92,7 @@ class RunResult(msgspec.Struct, frozen=True):
     transcript: tuple[Message, ...]
     result: dict[str, Any] | None
     state: SessionState
+    output: Any = None
 
 
 class _Runner:
@@ -199,6 +205,10 @@ async def run(
     of their reply runs; a denied call is answered with a tool error saying so. Without
     `approve`, the run stops at such calls (terminal `awaiting_approval`, the calls in
     `tool_uses`); run again on its transcript with `approve` to go on.
+
+    A spec whose `output_schema` is a type is logged with that type's JSON Schema, and the
+    answer is decoded into it (`RunResult.output`); an answer the schema admits and the
+    type does not (a naive datetime's schema is any string) ends the run `invalid_output`.
     """
     config = guards if guards is not None else GuardConfig()
     if require_terminal_tool or max_reprompts != 2:
@@ -211,6 +221,10 @@ async def run(
     check_step_timeout("step_timeout", step_timeout)
     check_count("max_tool_result_chars", max_tool_result_chars, 1)
     handler = as_handler(tools) if tools is not None else None
+    kind = None
+    if isinstance(spec, AgentSpec):
+        kind = output_type(spec.output_schema)
+        spec = with_output_schema(spec)
     async with AsyncExitStack() as stack:
         mcp_tools: McpTools | None = None
         if isinstance(spec, AgentSpec) and spec.mcp_servers:
@@ -314,8 +328,14 @@ async def run(
                     )
                 )
             turn = None
+        output = runner.state.output if turn is not None and turn.typed else None
+        if kind is not None and turn is not None and turn.typed:
+            output, undecoded = decoded(runner.state, kind)
+            if undecoded is not None:
+                await runner.emit(Halted(guard=RUNNER, reason="invalid_output", message=undecoded))
+                turn = None
         runner.span.finish(runner.state)
-        return _result(runner, turn, turns)
+        return _result(runner, turn, turns, output)
 
 
 async def _decide(runner: _Runner, approve: Approver | None) -> bool:
@@ -342,7 +362,7 @@ async def _decide(runner: _Runner, approve: Approver | None) -> bool:
     return True
 
 
-def _result(runner: _Runner, turn: TurnResult | None, turns: int) -> RunResult:
+def _result(runner: _Runner, turn: TurnResult | None, turns: int, output: Any) -> RunResult:
     state = runner.state
     text: str | None
     tool_uses: tuple[ToolUse, ...] = ()
@@ -375,4 +395,5 @@ def _result(runner: _Runner, turn: TurnResult | None, turns: int) -> RunResult:
         transcript=state.history,
         result=result,
         state=state,
+        output=output if terminal == "end_turn" else None,
     )

@@ -51,6 +51,7 @@ from turnkeeper.events import (
     MessageQueued,
     MessageReceived,
     ModelResponded,
+    OutputAccepted,
     ReplyReplaced,
     SessionOpened,
     TerminalToolCalled,
@@ -93,7 +94,8 @@ class SessionState(msgspec.Struct, frozen=True, gc=False):
     `called` holds the ids of the pending calls (of the model's last reply) whose
     `local.tool_call` is logged: one without a result may have run already.
     `approvals` holds the calls of the last reply whose approval was asked for, each with
-    its decision (None while it awaits one).
+    its decision (None while it awaits one). `output` is the episode's typed output, the
+    answer's JSON value (see `local.output`); None until an answer matches the schema.
 
     Not tracked by the cycle collector (`gc=False`): it holds only data, which cannot
     point back at it. A Host of 10,000 sessions makes one per event, and each would be
@@ -137,6 +139,7 @@ class SessionState(msgspec.Struct, frozen=True, gc=False):
     queued: tuple[str, ...] = ()
     stop_reason: str | None = None
     result: dict[str, Any] | None = None
+    output: Any = None
 
     @property
     def model(self) -> str:
@@ -380,6 +383,7 @@ def _apply_message(state: SessionState, event: Any, envelope: Envelope) -> Sessi
         last_repeat=None,
         stop_reason=None,
         result=None,
+        output=None,
     )
 
 
@@ -459,6 +463,10 @@ def _apply_terminal(state: SessionState, event: Any, envelope: Envelope) -> Sess
         stop_reason="terminal_tool",
         result=event.result,
     )
+
+
+def _apply_output(state: SessionState, event: Any, envelope: Envelope) -> SessionState:
+    return _replace(state, seq=envelope.seq, output=event.value)
 
 
 def _apply_cancel(state: SessionState, event: Any, envelope: Envelope) -> SessionState:
@@ -738,6 +746,7 @@ _RULES: dict[type, _Rule] = {
     AnswerRequested: _apply_answer_requested,
     AnsweredAfterStop: _apply_answered,
     TerminalToolCalled: _apply_terminal,
+    OutputAccepted: _apply_output,
     Cancelled: _apply_cancel,
     ToolCalled: _apply_called,
     ToolReturned: _apply_returned,

@@ -223,6 +223,12 @@ function describe(envelope) {
         meta: `${event.name} ended the run`,
         body: [code(pretty(event.result))],
       };
+    case "local.output":
+      return {
+        title: "Typed output",
+        meta: "the answer matched the output schema",
+        body: [code(pretty(event.value))],
+      };
     case "local.chat_retry":
       return {
         title: `Model call retried (attempt ${event.attempt})`,

@@ -6,7 +6,8 @@ import math
 import os
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import anyio.lowlevel
@@ -15,6 +16,7 @@ import msgspec
 
 from turnkeeper.core import MAX_JSON_DEPTH, ChatError, InputError, encodes, nests_deeper
 from turnkeeper.providers._chat import error_for_status, parse_retry_after
+from turnkeeper.providers._stream import DeltaSink, delta_sink
 
 _KEY_VARIABLES = ("TURNKEEPER_API_KEY", "OPENAI_API_KEY")
 _DETAIL_CHARS = 300  # of a server's error message quoted in a ChatError
@@ -26,6 +28,10 @@ _KEY = re.compile(r"[\x21-\x7e]+")
 # The pool is shared by every session, so it keeps as many idle connections as it may open.
 _LIMITS = httpx.Limits(max_connections=100, max_keepalive_connections=100)
 _TOO_DEEP = f"nested more than {MAX_JSON_DEPTH} levels deep"
+_EVENT_STREAM = "text/event-stream"
+_DONE = "[DONE]"
+# Fields of a streamed message or tool call given once, not in pieces to be joined.
+_WHOLE = frozenset({"role", "id", "type", "name"})
 
 _shared: tuple[anyio.lowlevel.EventLoopToken, httpx.AsyncClient] | None = None
 
@@ -78,13 +84,29 @@ class OpenAIChat:
         return f"OpenAIChat({self._shown_url!r}, model={self._model!r})"
 
     async def __call__(self, request: dict[str, Any]) -> dict[str, Any]:
-        """Send one chat-completions request and return the server's response JSON."""
-        body = self._encode(request)
+        """Send one chat-completions request and return the server's response JSON.
+
+        When the caller streams the call (`delta_sink()`), the request asks for `stream:
+        true`; the reply's fragments go to the sink as they arrive, and the chunks are
+        put back together into the response the server would have sent unstreamed."""
+        sink = delta_sink()
+        body = self._encode(request, stream=sink is not None)
         client = self._client if self._client is not None else _shared_client()
-        try:
+        with self._transport_errors():
+            if sink is not None:
+                return await self._streamed(client, body, sink)
             response = await client.post(
                 self._url, content=body, headers=self._headers, timeout=self._timeout
             )
+        if not response.is_success:
+            raise self._status_error(response)
+        return self._decode(response.content)
+
+    @contextmanager
+    def _transport_errors(self) -> Iterator[None]:
+        """Turn httpx's failures inside the block into ChatErrors."""
+        try:
+            yield
         except httpx.TimeoutException as error:
             raise self._error(
                 f"timed out after {self._timeout:g} s ({type(error).__name__})", transient=True
@@ -96,11 +118,38 @@ class OpenAIChat:
             raise self._error(f"connection failed: {reason}", transient=True) from error
         except httpx.RequestError as error:
             raise self._error(f"request failed: {error}", transient=False) from error
-        if not response.is_success:
-            raise self._status_error(response)
-        return self._decode(response.content)
 
-    def _encode(self, request: dict[str, Any]) -> bytes:
+    async def _streamed(
+        self, client: httpx.AsyncClient, body: bytes, sink: DeltaSink
+    ) -> dict[str, Any]:
+        """The response to a streamed request, its fragments sent to `sink` on the way."""
+        async with client.stream(
+            "POST", self._url, content=body, headers=self._headers, timeout=self._timeout
+        ) as response:
+            if not response.is_success:
+                await response.aread()
+                raise self._status_error(response)
+            if not response.headers.get("content-type", "").startswith(_EVENT_STREAM):
+                # A server that does not stream answers whole: one fragment, then.
+                whole = self._decode(await response.aread())
+                _send_whole(whole, sink)
+                return whole
+            reply = _Reply(sink)
+            done = False
+            async for data in _sse_data(response.aiter_lines()):
+                if data == _DONE:
+                    done = True
+                    break
+                chunk = self._decode_chunk(data)
+                said = _error_message(chunk) if "error" in chunk else None
+                if said is not None:
+                    raise self._error(f"the server failed mid-stream: {said}", transient=True)
+                reply.add(chunk)
+        if not (done or reply.finished):
+            raise self._error("the stream ended before the reply did", transient=True)
+        return self._checked(reply.response())
+
+    def _encode(self, request: dict[str, Any], *, stream: bool) -> bytes:
         if not isinstance(request, Mapping):
             raise InputError(f"OpenAIChat: a request must be a dict, got {type(request).__name__}")
         body = dict(request)
@@ -108,6 +157,10 @@ class OpenAIChat:
             body["model"] = self._model
         if not body.get("tools"):
             body.pop("tools", None)
+        if stream:
+            body["stream"] = True
+            # Usage comes in a last chunk of its own, and only when asked for.
+            body.setdefault("stream_options", {"include_usage": True})
         try:
             return msgspec.json.encode(body)
         except (TypeError, ValueError, OverflowError, RecursionError) as error:
@@ -122,6 +175,23 @@ class OpenAIChat:
             raise self._malformed(_TOO_DEEP) from None
         if not isinstance(response, dict):
             raise self._malformed(f"expected a JSON object, got {type(response).__name__}")
+        return self._checked(response)
+
+    def _decode_chunk(self, data: str) -> dict[str, Any]:
+        try:
+            chunk = msgspec.json.decode(data)
+        except msgspec.DecodeError as error:
+            raise self._malformed(
+                f"a stream chunk is not JSON ({error}): {_truncate(data)}"
+            ) from None
+        except RecursionError:
+            raise self._malformed(_TOO_DEEP) from None
+        if not isinstance(chunk, dict):
+            raise self._malformed(f"a stream chunk is a {type(chunk).__name__}, not an object")
+        return chunk
+
+    def _checked(self, response: dict[str, Any]) -> dict[str, Any]:
+        """`response`, unless it nests too deep or has no `choices[0].message`."""
         # Decoded here, it may still be too deep to log or encode further up the stack.
         if nests_deeper(response, MAX_JSON_DEPTH):
             raise self._malformed(_TOO_DEEP)
@@ -242,3 +312,164 @@ def _shorten(content: bytes) -> str:
 
 def _truncate(text: str) -> str:
     return text if len(text) <= _DETAIL_CHARS else text[:_DETAIL_CHARS] + "..."
+
+
+async def _sse_data(lines: AsyncIterator[str]) -> AsyncIterator[str]:
+    """The `data` of each Server-Sent Event in `lines` (its data lines joined by newlines);
+    comments and the other fields are skipped."""
+    data: list[str] = []
+    async for line in lines:
+        if not line:
+            if data:
+                yield "\n".join(data)
+                data = []
+        elif line.startswith("data:"):
+            data.append(line[6:] if line.startswith("data: ") else line[5:])
+    if data:
+        yield "\n".join(data)
+
+
+class _Reply:
+    """A streamed reply put back together from its chunks into the unstreamed response:
+    each choice's deltas joined into its message (text fields' pieces concatenated, tool
+    calls assembled by their index), the chunks' other fields kept as they come. The
+    first choice's content and tool calls go to the sink as they arrive."""
+
+    def __init__(self, sink: DeltaSink) -> None:
+        self.sink = sink
+        self.fields: dict[str, Any] = {}
+        self.usage: Any = None
+        self.choices: dict[int, dict[str, Any]] = {}
+        self.calls: dict[int, dict[int, dict[str, Any]]] = {}
+        self.named: set[int] = set()
+
+    @property
+    def finished(self) -> bool:
+        """Whether every choice has its finish reason (the reply is whole)."""
+        return bool(self.choices) and all(
+            choice["finish_reason"] is not None for choice in self.choices.values()
+        )
+
+    def add(self, chunk: dict[str, Any]) -> None:
+        for key, value in chunk.items():
+            if key == "usage":
+                if value is not None:
+                    self.usage = value
+            elif key not in ("choices", "object"):
+                self.fields.setdefault(key, value)
+        choices = chunk.get("choices")
+        for choice in choices if isinstance(choices, list) else ():
+            if isinstance(choice, dict):
+                self._add_choice(choice)
+
+    def _add_choice(self, choice: dict[str, Any]) -> None:
+        index = _index(choice, 0)
+        built = self.choices.get(index)
+        if built is None:
+            built = self.choices[index] = {"index": index, "message": {}, "finish_reason": None}
+        for key, value in choice.items():
+            if key == "delta":
+                if isinstance(value, dict):
+                    self._add_delta(index, built["message"], value)
+            elif key == "finish_reason":
+                if value is not None:
+                    built[key] = value
+            elif key != "index":
+                _join(built, key, value)
+
+    def _add_delta(self, choice: int, message: dict[str, Any], delta: dict[str, Any]) -> None:
+        for key, value in delta.items():
+            if key == "tool_calls" and isinstance(value, list):
+                calls = self.calls.setdefault(choice, {})
+                for position, part in enumerate(value):
+                    if isinstance(part, dict):
+                        self._add_call(choice, calls, _index(part, position), part)
+            else:
+                _join(message, key, value)
+        content = delta.get("content")
+        if choice == 0 and isinstance(content, str):
+            self.sink.text(content)
+
+    def _add_call(
+        self, choice: int, calls: dict[int, dict[str, Any]], index: int, part: dict[str, Any]
+    ) -> None:
+        call = calls.setdefault(index, {})
+        for key, value in part.items():
+            if key != "index":
+                _join(call, key, value)
+        if choice != 0:
+            return
+        function = part.get("function")
+        function = function if isinstance(function, dict) else {}
+        name = function.get("name")
+        if isinstance(name, str) and name and index not in self.named:
+            self.named.add(index)
+        else:
+            name = None
+        arguments = function.get("arguments")
+        self.sink.tool_call(index, arguments if isinstance(arguments, str) else "", name)
+
+    def response(self) -> dict[str, Any]:
+        """The response the chunks make up."""
+        choices = []
+        for index in sorted(self.choices):
+            choice = self.choices[index]
+            message = choice["message"]
+            message.setdefault("role", "assistant")
+            message.setdefault("content", None)
+            calls = self.calls.get(index)
+            if calls:
+                message["tool_calls"] = [calls[n] for n in sorted(calls)]
+            choices.append(choice)
+        response = {**self.fields, "object": "chat.completion", "choices": choices}
+        if self.usage is not None:
+            response["usage"] = self.usage
+        return response
+
+
+def _index(part: dict[str, Any], default: int) -> int:
+    index = part.get("index", default)
+    return index if isinstance(index, int) and not isinstance(index, bool) else default
+
+
+def _join(into: dict[str, Any], key: str, value: Any) -> None:
+    """Add a streamed field's `value` to `into`: text pieces are concatenated (but for the
+    fields given whole), objects joined field by field, lists extended; a null adds
+    nothing to a value there already."""
+    held = into.get(key)
+    if value is None:
+        into.setdefault(key, None)
+    elif isinstance(value, str) and isinstance(held, str):
+        if key not in _WHOLE:
+            into[key] = held + value
+        elif not held:
+            into[key] = value
+    elif isinstance(value, dict):
+        if not isinstance(held, dict):
+            held = into[key] = {}
+        for name, part in value.items():
+            _join(held, name, part)
+    elif isinstance(value, list):
+        if not isinstance(held, list):
+            held = into[key] = []
+        held.extend(value)
+    else:
+        into[key] = value
+
+
+def _send_whole(response: dict[str, Any], sink: DeltaSink) -> None:
+    """Send a response that came whole to `sink`: its content, then each tool call."""
+    message = response["choices"][0]["message"]
+    content = message.get("content")
+    if isinstance(content, str):
+        sink.text(content)
+    calls = message.get("tool_calls")
+    for index, call in enumerate(calls if isinstance(calls, list) else ()):
+        function = call.get("function") if isinstance(call, dict) else None
+        if isinstance(function, dict):
+            name, arguments = function.get("name"), function.get("arguments")
+            sink.tool_call(
+                index,
+                arguments if isinstance(arguments, str) else "",
+                name if isinstance(name, str) else None,
+            )

@@ -20,7 +20,7 @@ import msgspec
 from turnkeeper.core import Chat, ChatError
 from turnkeeper.events import AnyEvent, Envelope
 from turnkeeper.guards import Guard, default_guards
-from turnkeeper.providers import collecting_events
+from turnkeeper.providers import DeltaSink, collecting_events, streaming_to
 from turnkeeper.sessions._inputs import Input, Resume
 from turnkeeper.sessions._poll import begin_poll, build_request, emit, end_poll, failure_events
 from turnkeeper.state import SessionState, approval_request
@@ -47,11 +47,18 @@ class Answer(msgspec.Struct, frozen=True, gc=False):
     failure: ChatError | None
 
 
-async def call_model(chat: Chat, request: dict[str, Any]) -> Called:
-    """Send `request` to `chat`; a ChatError is the outcome's failure, not raised."""
+async def call_model(
+    chat: Chat, request: dict[str, Any], deltas: DeltaSink | None = None
+) -> Called:
+    """Send `request` to `chat`; a ChatError is the outcome's failure, not raised. With
+    `deltas`, a backend that can stream sends the reply's fragments there as they come."""
     with collecting_events() as reported:
         try:
-            response = await chat(request)
+            if deltas is None:
+                response = await chat(request)
+            else:
+                with streaming_to(deltas):
+                    response = await chat(request)
         except ChatError as error:
             return Called(None, error, reported)
     return Called(response, None, reported)

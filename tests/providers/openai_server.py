@@ -152,8 +152,9 @@ class Streamed:
     """Stream `body` as `chunks_of` gives it (each `size` characters), then `data: [DONE]`,
     waiting `delay` seconds before each chunk; `stamp`, a function of the chunk's number,
     makes each content piece (a test server then sends what it is told, the send time,
-    say). With `cut_after`, hang up after that many chunks (no [DONE]); with `error`, send
-    that error object as the last event instead."""
+    say). `chunks`, when given, are sent instead of the body's. With `cut_after`, hang up
+    after that many chunks (no [DONE]); with `error`, send that error object as the last
+    event instead; with `done` False, end the body without [DONE]."""
 
     body: dict[str, Any] = field(default_factory=completion)
     size: int = 4
@@ -162,6 +163,7 @@ class Streamed:
     error: dict[str, Any] | None = None
     done: bool = True
     stamp: Callable[[int], str] | None = None
+    chunks: tuple[dict[str, Any] | str, ...] | None = None
     headers: tuple[tuple[str, str], ...] = ()
 
     async def respond(self, connection: h11.Connection, stream: anyio.abc.ByteStream) -> bool:
@@ -171,7 +173,11 @@ class Streamed:
             or not isinstance(asked.body, dict)
             or bool((asked.body.get("stream_options") or {}).get("include_usage"))
         )
-        chunks = chunks_of(self.body, size=self.size, usage=usage)
+        chunks: list[dict[str, Any] | str] = (
+            list(self.chunks)
+            if self.chunks is not None
+            else list(chunks_of(self.body, size=self.size, usage=usage))
+        )
         headers = [
             ("content-type", "text/event-stream"),
             ("cache-control", "no-cache"),
@@ -183,7 +189,7 @@ class Streamed:
                 return False
             if self.delay:
                 await anyio.sleep(self.delay)
-            if self.stamp is not None:
+            if self.stamp is not None and isinstance(chunk, dict):
                 delta = chunk["choices"][0]["delta"] if chunk["choices"] else {}
                 if delta.get("content"):
                     delta["content"] = self.stamp(number)

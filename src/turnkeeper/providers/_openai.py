@@ -136,15 +136,27 @@ class OpenAIChat:
                 return whole
             reply = _Reply(sink)
             done = False
+            failure: ChatError | None = None
+            # Read to the end even after [DONE] or a failure: the connection then goes back
+            # to the pool, and no generator of the response is left unfinished.
             async for data in _sse_data(response.aiter_lines()):
+                if done or failure is not None:
+                    continue
                 if data == _DONE:
                     done = True
-                    break
-                chunk = self._decode_chunk(data)
+                    continue
+                try:
+                    chunk = self._decode_chunk(data)
+                except ChatError as error:
+                    failure = error
+                    continue
                 said = _error_message(chunk) if "error" in chunk else None
                 if said is not None:
-                    raise self._error(f"the server failed mid-stream: {said}", transient=True)
+                    failure = self._error(f"the server failed mid-stream: {said}", transient=True)
+                    continue
                 reply.add(chunk)
+        if failure is not None:
+            raise failure
         if not (done or reply.finished):
             raise self._error("the stream ended before the reply did", transient=True)
         return self._checked(reply.response())

@@ -67,29 +67,45 @@ def chunks_of(body: dict[str, Any], *, size: int = 4, usage: bool = True) -> lis
     (its role and the message's fields given whole), its content `size` characters at a
     time, each tool call (its id, type and name, then its arguments `size` characters at
     a time), and its finish reason; then, with `usage`, a chunk with no choices and the
-    usage. Every chunk has the body's other fields (id, model, ...) and is a
-    `chat.completion.chunk`."""
-    top = {k: v for k, v in body.items() if k not in ("choices", "usage", "object")}
-    top["object"] = "chat.completion.chunk"
-    chunks: list[dict[str, Any]] = []
-    for position, choice in enumerate(body["choices"]):
-        index = choice.get("index", position)
-        chunks.extend({**top, "choices": [part]} for part in _choice_chunks(index, choice, size))
+    usage (which the others have as null, as OpenAI sends it). Each chunk has the body's
+    fields in the body's order, and is a `chat.completion.chunk`."""
+
+    def chunk(choices: list[dict[str, Any]], counts: Any = None) -> dict[str, Any]:
+        fields: dict[str, Any] = {}
+        for key, value in body.items():
+            if key == "object":
+                fields[key] = "chat.completion.chunk"
+            elif key == "choices":
+                fields[key] = choices
+            elif key != "usage":
+                fields[key] = value
+            elif usage:
+                fields[key] = counts
+        return fields
+
+    chunks = [
+        chunk([part])
+        for position, choice in enumerate(body["choices"])
+        for part in _choice_chunks(choice.get("index", position), choice, size)
+    ]
     if usage and body.get("usage") is not None:
-        chunks.append({**top, "choices": [], "usage": body["usage"]})
+        chunks.append(chunk([], body["usage"]))
     return chunks
 
 
 def _choice_chunks(index: int, choice: dict[str, Any], size: int) -> list[dict[str, Any]]:
-    """The streamed parts of one choice, each a chunk's `choices[0]`."""
-    message = dict(choice["message"])
-    content = message.pop("content", None)
-    calls = message.pop("tool_calls", None) or []
-    extra = {k: v for k, v in choice.items() if k not in ("index", "message", "finish_reason")}
-    first = {**message, "content": "" if isinstance(content, str) else None}
+    """The streamed parts of one choice, each a chunk's `choices[0]`, with the choice's
+    fields in its order (the message's as the delta)."""
+    message = choice["message"]
+    content = message.get("content")
+    first = {
+        key: ("" if isinstance(content, str) else None) if key == "content" else value
+        for key, value in message.items()
+        if key != "tool_calls"
+    }
     deltas: list[dict[str, Any]] = [first]
     deltas.extend({"content": piece} for piece in _pieces(content or "", size))
-    for position, call in enumerate(calls):
+    for position, call in enumerate(message.get("tool_calls") or []):
         function = call["function"]
         head = {k: v for k, v in call.items() if k != "function"}
         named = {"index": position, **head, "function": {"name": function["name"], "arguments": ""}}
@@ -98,10 +114,21 @@ def _choice_chunks(index: int, choice: dict[str, Any], size: int) -> list[dict[s
             {"tool_calls": [{"index": position, "function": {"arguments": piece}}]}
             for piece in _pieces(function["arguments"], size)
         )
-    parts = [{"index": index, "delta": delta, "finish_reason": None} for delta in deltas]
-    parts[0].update(extra)
-    parts.append({"index": index, "delta": {}, "finish_reason": choice.get("finish_reason")})
-    return parts
+    deltas.append({})
+
+    def part(number: int, delta: dict[str, Any]) -> dict[str, Any]:
+        last = number == len(deltas) - 1
+        fields: dict[str, Any] = {} if "index" in choice else {"index": index}
+        for key, value in choice.items():
+            if key == "message":
+                fields["delta"] = delta
+            elif key == "finish_reason":
+                fields[key] = value if last else None
+            elif key == "index" or number == 0:
+                fields[key] = value
+        return fields
+
+    return [part(number, delta) for number, delta in enumerate(deltas)]
 
 
 def _pieces(text: str, size: int) -> list[str]:

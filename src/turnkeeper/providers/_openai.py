@@ -350,7 +350,6 @@ class _Reply:
     def __init__(self, sink: DeltaSink) -> None:
         self.sink = sink
         self.fields: dict[str, Any] = {}
-        self.usage: Any = None
         self.choices: dict[int, dict[str, Any]] = {}
         self.calls: dict[int, dict[int, dict[str, Any]]] = {}
         self.named: set[int] = set()
@@ -359,34 +358,40 @@ class _Reply:
     def finished(self) -> bool:
         """Whether every choice has its finish reason (the reply is whole)."""
         return bool(self.choices) and all(
-            choice["finish_reason"] is not None for choice in self.choices.values()
+            choice.get("finish_reason") is not None for choice in self.choices.values()
         )
 
     def add(self, chunk: dict[str, Any]) -> None:
         for key, value in chunk.items():
-            if key == "usage":
-                if value is not None:
-                    self.usage = value
-            elif key not in ("choices", "object"):
+            if key == "choices":
+                self.fields.setdefault(key, None)  # its place among the fields
+                for choice in value if isinstance(value, list) else ():
+                    if isinstance(choice, dict):
+                        self._add_choice(choice)
+            elif key == "usage":
+                if value is not None or key not in self.fields:
+                    self.fields[key] = value
+            else:
                 self.fields.setdefault(key, value)
-        choices = chunk.get("choices")
-        for choice in choices if isinstance(choices, list) else ():
-            if isinstance(choice, dict):
-                self._add_choice(choice)
 
     def _add_choice(self, choice: dict[str, Any]) -> None:
         index = _index(choice, 0)
         built = self.choices.get(index)
         if built is None:
-            built = self.choices[index] = {"index": index, "message": {}, "finish_reason": None}
+            built = self.choices[index] = {}
+        # In the chunk's order of fields, its delta as the message, so that the response's
+        # JSON comes out as the server's unstreamed one would.
         for key, value in choice.items():
             if key == "delta":
+                message = built.setdefault("message", {})
                 if isinstance(value, dict):
-                    self._add_delta(index, built["message"], value)
+                    self._add_delta(index, message, value)
             elif key == "finish_reason":
-                if value is not None:
+                if value is not None or key not in built:
                     built[key] = value
-            elif key != "index":
+            elif key == "index":
+                built.setdefault(key, index)
+            else:
                 _join(built, key, value)
 
     def _add_delta(self, choice: int, message: dict[str, Any], delta: dict[str, Any]) -> None:
@@ -425,8 +430,9 @@ class _Reply:
         """The response the chunks make up."""
         choices = []
         for index in sorted(self.choices):
-            choice = self.choices[index]
-            message = choice["message"]
+            choice = {"index": index, **self.choices[index]}
+            message = choice.setdefault("message", {})
+            choice.setdefault("finish_reason", None)
             message.setdefault("role", "assistant")
             message.setdefault("content", None)
             calls = self.calls.get(index)
@@ -434,8 +440,8 @@ class _Reply:
                 message["tool_calls"] = [calls[n] for n in sorted(calls)]
             choices.append(choice)
         response = {**self.fields, "object": "chat.completion", "choices": choices}
-        if self.usage is not None:
-            response["usage"] = self.usage
+        if response.get("usage", 0) is None:
+            del response["usage"]  # a server that sent none
         return response
 
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.abc
 import structlog
+from anyio.streams.memory import MemoryObjectSendStream
 
 from turnkeeper.core import (
     Chat,
@@ -26,9 +27,10 @@ from turnkeeper.core import (
     check_seconds,
     text_of,
 )
-from turnkeeper.events import AnyEvent, Envelope, ModelResponded
+from turnkeeper.events import AnyEvent, Envelope, ModelResponded, TokenDelta
 from turnkeeper.guards import Guard, default_guards
 from turnkeeper.logs import EventLog, MemoryLog
+from turnkeeper.providers import DeltaSink
 from turnkeeper.sessions._host_records import (
     HostStatus,
     HostStopped,
@@ -164,9 +166,12 @@ class HostBase:
         self._stack: AsyncExitStack | None = None
         self._accepting = False
         self._stopping = False
+        # Subscribers to each watched session's deltas (`HostDeltas`); empty, most often.
+        self._watchers: dict[str, list[MemoryObjectSendStream[TokenDelta]]] = {}
 
     if TYPE_CHECKING:
         # The parts' own, which the shared code uses.
+        def _delta_sink(self, session_id: str, after: int) -> DeltaSink | None: ...
         def _spawn(self, session: _Session) -> None: ...
         def _end_task(self, session: _Session) -> None: ...
         async def _read(self, session_id: str) -> _Session: ...

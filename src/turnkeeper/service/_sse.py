@@ -1,15 +1,32 @@
-"""Server-Sent Events: a session's events as `id:` seq, `event:` type, `data:` envelope."""
+"""Server-Sent Events: a session's events as `id:` seq, `event:` type, `data:` envelope,
+and the fragments of its model replies as they stream in, `event: delta` with no id."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import contextlib
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import AbstractAsyncContextManager
 
 import anyio
+import anyio.abc
+import msgspec
+from anyio.streams.memory import MemoryObjectReceiveStream
+from starlette.responses import StreamingResponse
+from starlette.types import Send
 
-from turnkeeper.events import Envelope, encode_envelope
+from turnkeeper.events import Envelope, TokenDelta, encode_envelope
 from turnkeeper.service._longpoll import EventSource, events_or_stop
 
 PING = b": ping\n\n"
+DELTA_EVENT = "delta"
+"""The SSE event name of a `TokenDelta`."""
+
+Watch = Callable[[str], AbstractAsyncContextManager[MemoryObjectReceiveStream[TokenDelta]]]
+"""A session's deltas for the duration of a block (`Host.deltas`)."""
+
+_delta_encoder = msgspec.json.Encoder()
+# Frames queued for a client before an event waits (and a delta is dropped).
+_QUEUED = 1024
 
 
 def sse_event(envelope: Envelope) -> bytes:
@@ -19,6 +36,12 @@ def sse_event(envelope: Envelope) -> bytes:
         envelope.type.encode(),
         encode_envelope(envelope),
     )
+
+
+def sse_delta(delta: TokenDelta) -> bytes:
+    """One delta as an SSE event, without an `id:`: a client's Last-Event-ID stays the seq
+    of the last logged event it has, and deltas are not resumed."""
+    return b"event: delta\ndata: %s\n\n" % _delta_encoder.encode(delta)
 
 
 async def event_stream(
@@ -44,3 +67,78 @@ async def event_stream(
         for envelope in found:
             yield sse_event(envelope)
         after = found[-1].seq
+
+
+class EventStreamResponse(StreamingResponse):
+    """`frames` (an `event_stream`) as a text/event-stream, and, with `watch`, the session's
+    deltas among them as they come, each reply's before its `local.model_response`. The
+    deltas are watched from before the response starts, so a call the client sets off
+    once it has the response's headers is streamed. The stream ends when `frames` do; a
+    client more than a queue's worth behind misses deltas (never events)."""
+
+    def __init__(
+        self,
+        frames: AsyncIterator[bytes],
+        session_id: str,
+        watch: Watch | None,
+        headers: Mapping[str, str],
+    ) -> None:
+        self._frames = frames
+        self._session_id = session_id
+        self._watch = watch
+        self._deltas: MemoryObjectReceiveStream[TokenDelta] | None = None
+        self._queue, queued = anyio.create_memory_object_stream[bytes](_QUEUED)
+        super().__init__(_batched(queued), media_type="text/event-stream", headers=headers)
+
+    async def stream_response(self, send: Send) -> None:
+        async with anyio.create_task_group() as group:
+            if self._watch is not None:
+                await group.start(self._follow_deltas, self._watch)
+            group.start_soon(self._follow_events)
+            await super().stream_response(send)
+            group.cancel_scope.cancel()
+
+    async def _follow_events(self) -> None:
+        # Closing the queue when the events end ends the response (and the deltas with it).
+        async with self._queue:
+            async for frame in self._frames:
+                # The deltas delivered before the event was logged go first: a reply's
+                # fragments all come before the reply.
+                self._take_deltas()
+                await self._queue.send(frame)
+
+    async def _follow_deltas(
+        self, watch: Watch, *, task_status: anyio.abc.TaskStatus[None]
+    ) -> None:
+        async with watch(self._session_id) as deltas:
+            self._deltas = deltas
+            task_status.started()
+            async for delta in deltas:
+                # Queued at once, with no checkpoint between (see `_take_deltas`).
+                self._queue_delta(delta)
+
+    def _take_deltas(self) -> None:
+        """Queue the deltas waiting for the deltas' task, without a checkpoint."""
+        deltas = self._deltas
+        while deltas is not None:
+            try:
+                self._queue_delta(deltas.receive_nowait())
+            except (anyio.WouldBlock, anyio.EndOfStream):
+                return
+
+    def _queue_delta(self, delta: TokenDelta) -> None:
+        with contextlib.suppress(anyio.WouldBlock, anyio.ClosedResourceError):
+            self._queue.send_nowait(sse_delta(delta))
+
+
+async def _batched(queue: MemoryObjectReceiveStream[bytes]) -> AsyncIterator[bytes]:
+    """The frames of `queue`, those already waiting joined into one write."""
+    async with queue:
+        async for frame in queue:
+            frames = [frame]
+            while True:
+                try:
+                    frames.append(queue.receive_nowait())
+                except (anyio.WouldBlock, anyio.EndOfStream):
+                    break
+            yield b"".join(frames)

@@ -3,6 +3,7 @@ the streaming OpenAI-compatible test server."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -25,7 +26,7 @@ def test_run_prints_the_tokens_as_they_come_then_ends_the_line(tmp_path: Path) -
         assert process.stderr is not None
         shown = b""
         while b"model: 2 + 3" not in shown:
-            piece = process.stderr.read1(1024)
+            piece = os.read(process.stderr.fileno(), 1024)
             assert piece, shown.decode()
             shown += piece
         # The first tokens are on the terminal while the model still writes the rest.

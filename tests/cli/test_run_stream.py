@@ -55,7 +55,7 @@ def test_a_retried_stream_starts_a_new_line(tmp_path: Path) -> None:
     lines = done.stderr.decode().splitlines()
     assert lines[-4:-1] == [
         "model: thinking…",
-        "model: 2 + 3 = 5 (cut off: retrying)",
+        "model: 2 + 3 = 5 (starting over)",
         f"model: {ANSWER} [5+2 tokens]",
     ]
     assert lines[-1].startswith("retry 1 in ")

@@ -84,7 +84,7 @@ class _Output:
         if self.streaming != (delta.after, delta.attempt):
             # A new call, or a retry of this one, which starts the text over.
             if self.streaming is not None and self.streaming[0] == delta.after:
-                sys.stderr.write(" (cut off: retrying)")
+                sys.stderr.write(" (starting over)")
             self._end_line()
             self.streaming = (delta.after, delta.attempt)
             self.streamed = ""

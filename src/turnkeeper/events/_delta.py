@@ -12,8 +12,9 @@ class TokenDelta(msgspec.Struct, frozen=True, gc=False, omit_defaults=True, tag=
 
     `after` is the seq of the session's last event logged before the model call: the
     reply is logged after it. `attempt` is 1 for the call's first try; a retry of the
-    call (a stream cut mid-way is a transient ChatError like any other) starts attempt 2,
-    and so on, whose deltas start the reply's text over: discard what came before. `index`
+    call (a stream cut mid-way is a transient ChatError like any other), or a backend
+    taking back what it sent (a reply that turned out unreadable), starts attempt 2, and
+    so on, whose deltas start the reply's text over: discard what came before. `index`
     counts the deltas of an attempt from 0; a gap means a subscriber too slow to keep up
     missed some (the logged reply is always whole). `text` is the fragment: of the
     reply's content, or, when `tool_call` is set, of that tool call's JSON arguments.

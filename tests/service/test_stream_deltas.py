@@ -48,16 +48,19 @@ def deltas_in(events: list[SseEvent]) -> list[TokenDelta]:
     return [msgspec.json.decode(e.data or "", type=TokenDelta) for e in found]
 
 
-def watch_a_reply(server: ServerProcess, text: str) -> tuple[str, list[SseEvent], Envelope]:
-    """Make a session, open its stream, post `text`, and read up to the reply: (the
-    session's id, the events before the reply, the reply). Synchronous: a test runs it in
-    a thread, its event loop serving the model meanwhile."""
+def watch_a_reply(
+    server: ServerProcess, text: str, last_event_id: int = 1
+) -> tuple[str, list[SseEvent], Envelope]:
+    """Make a session, open its stream after `last_event_id`, post `text`, and read up to
+    the reply: (the session's id, the events before the reply, the reply). Synchronous: a
+    test runs it in a thread, its event loop serving the model meanwhile."""
     with server.client() as client:
         created = client.post("/v1/sessions", json={"spec": {"system_prompt": "Be brief."}})
         assert created.status_code == 201, created.text
         session_id = created.json()["session_id"]
         path = f"/v1/sessions/{session_id}/events/stream"
-        with client.stream("GET", path, headers={"Last-Event-ID": "1"}) as response:
+        headers = {"Last-Event-ID": str(last_event_id)}
+        with client.stream("GET", path, headers=headers) as response:
             assert response.status_code == 200
             posted = client.post(f"/v1/sessions/{session_id}/messages", json={"text": text})
             assert posted.status_code == 202, posted.text
@@ -73,12 +76,15 @@ def served(model: ChatServer, tmp_path: Path) -> ServerProcess:
     )
 
 
-async def test_an_sse_client_gets_the_reply_as_it_streams_then_the_reply(tmp_path: Path) -> None:
+@pytest.mark.parametrize("last_event_id", [1, 0])
+async def test_an_sse_client_gets_the_reply_as_it_streams_then_the_reply(
+    tmp_path: Path, last_event_id: int
+) -> None:
     reply = completion(ANSWER, id="chatcmpl-s", created=3)
     async with serve_chat(Streamed(reply, size=5, delay=0.01)) as model:
         with served(model, tmp_path) as server:
             session_id, before, response = await anyio.to_thread.run_sync(
-                watch_a_reply, server, "Hi"
+                watch_a_reply, server, "Hi", last_event_id
             )
             with server.client() as client:
                 page = client.get(f"/v1/sessions/{session_id}/events")
@@ -87,7 +93,10 @@ async def test_an_sse_client_gets_the_reply_as_it_streams_then_the_reply(tmp_pat
                 first = first_of(client, session_id, response.seq)
         assert "Traceback" not in (tmp_path / "stderr.log").read_text()
     deltas = deltas_in(before)
-    assert [e.event for e in before if e.event != "delta"] == ["local.user_message"]
+    # In order: the events before the call (the opening, when the client began before
+    # it), the request, its reply's deltas, then (below) the reply.
+    opening = ["local.session_opened"] if last_event_id == 0 else []
+    assert [e.event for e in before] == [*opening, "local.user_message"] + ["delta"] * len(deltas)
     assert len(deltas) == -(-len(ANSWER) // 5)
     assert "".join(d.text for d in deltas) == ANSWER
     assert {(d.session_id, d.after, d.attempt) for d in deltas} == {(session_id, 2, 1)}
@@ -115,8 +124,9 @@ async def test_a_cut_stream_is_retried_and_the_client_sees_the_text_start_over(
     assert set(attempts) == {1, 2}
     assert "".join(d.text for d in deltas if d.attempt == 1) == ANSWER[: 5 * (4 - 1)]
     assert "".join(d.text for d in deltas if d.attempt == 2) == ANSWER
-    assert [e.event for e in before if e.event != "delta"] == [
+    assert [e.event for e in before] == [
         "local.user_message",
+        *["delta"] * len(deltas),
         "local.chat_retry",
     ]
     assert isinstance(response.event, ModelResponded)

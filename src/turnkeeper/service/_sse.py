@@ -50,6 +50,16 @@ async def event_stream(
     """The session's events after seq `after` as they are logged, with a ping comment
     after each `ping_seconds` without one (so proxies keep the connection open); ends
     when `stopping` is set."""
+    async for envelope in logged_events(
+        source, session_id, after=after, ping_seconds=ping_seconds, stopping=stopping
+    ):
+        yield PING if envelope is None else sse_event(envelope)
+
+
+async def logged_events(
+    source: EventSource, session_id: str, *, after: int, ping_seconds: float, stopping: anyio.Event
+) -> AsyncIterator[Envelope | None]:
+    """`event_stream`'s events, each as its envelope, a ping as None."""
     while not stopping.is_set():
         # StreamingResponse itself ends the stream when the client goes away.
         found = await events_or_stop(
@@ -62,30 +72,37 @@ async def event_stream(
         )
         if not found:
             if not stopping.is_set():
-                yield PING
+                yield None
             continue
         for envelope in found:
-            yield sse_event(envelope)
+            yield envelope
         after = found[-1].seq
 
 
 class EventStreamResponse(StreamingResponse):
-    """`frames` (an `event_stream`) as a text/event-stream, and, with `watch`, the session's
-    deltas among them as they come, each reply's before its `local.model_response`. The
-    deltas are watched from before the response starts, so a call the client sets off
-    once it has the response's headers is streamed. The stream ends when `frames` do; a
-    client more than a queue's worth behind misses deltas (never events)."""
+    """`events` (`logged_events` after seq `after`) as a text/event-stream, and, with
+    `watch`, the session's deltas among them as they come, in order: the deltas of a
+    model call after the event logged before it (their `after`), and before the events
+    after it (its reply). The deltas are watched from before the response starts, so a
+    call the client sets off once it has the response's headers is streamed. The stream
+    ends when `events` do; a client more than a queue's worth behind misses deltas (never
+    events)."""
 
     def __init__(
         self,
-        frames: AsyncIterator[bytes],
+        events: AsyncIterator[Envelope | None],
         session_id: str,
+        *,
+        after: int,
         watch: Watch | None,
         headers: Mapping[str, str],
     ) -> None:
-        self._frames = frames
+        self._events = events
         self._session_id = session_id
         self._watch = watch
+        # The seq of the last event queued for the client, and the deltas not yet queued.
+        self._sent = after
+        self._held: list[TokenDelta] = []
         self._deltas: MemoryObjectReceiveStream[TokenDelta] | None = None
         self._queue, queued = anyio.create_memory_object_stream[bytes](_QUEUED)
         super().__init__(_batched(queued), media_type="text/event-stream", headers=headers)
@@ -101,11 +118,14 @@ class EventStreamResponse(StreamingResponse):
     async def _follow_events(self) -> None:
         # Closing the queue when the events end ends the response (and the deltas with it).
         async with self._queue:
-            async for frame in self._frames:
-                # The deltas delivered before the event was logged go first: a reply's
-                # fragments all come before the reply.
-                self._take_deltas()
-                await self._queue.send(frame)
+            async for envelope in self._events:
+                if envelope is None:
+                    await self._queue.send(PING)
+                    continue
+                self._release(before=envelope.seq)
+                await self._queue.send(sse_event(envelope))
+                self._sent = envelope.seq
+                self._release(before=envelope.seq + 1)
 
     async def _follow_deltas(
         self, watch: Watch, *, task_status: anyio.abc.TaskStatus[None]
@@ -114,21 +134,30 @@ class EventStreamResponse(StreamingResponse):
             self._deltas = deltas
             task_status.started()
             async for delta in deltas:
-                # Queued at once, with no checkpoint between (see `_take_deltas`).
-                self._queue_delta(delta)
+                self._hold(delta)
+                self._release(before=self._sent + 1)
 
-    def _take_deltas(self) -> None:
-        """Queue the deltas waiting for the deltas' task, without a checkpoint."""
+    def _hold(self, delta: TokenDelta) -> None:
+        if len(self._held) < _QUEUED:
+            self._held.append(delta)
+
+    def _release(self, *, before: int) -> None:
+        """Queue the deltas of calls made after an event before seq `before`, with no
+        checkpoint: those the deltas' task has not taken yet too."""
         deltas = self._deltas
         while deltas is not None:
             try:
-                self._queue_delta(deltas.receive_nowait())
+                self._hold(deltas.receive_nowait())
             except (anyio.WouldBlock, anyio.EndOfStream):
-                return
-
-    def _queue_delta(self, delta: TokenDelta) -> None:
-        with contextlib.suppress(anyio.WouldBlock, anyio.ClosedResourceError):
-            self._queue.send_nowait(sse_delta(delta))
+                break
+        held = self._held
+        ready = 0
+        while ready < len(held) and held[ready].after < before:
+            ready += 1
+        for delta in held[:ready]:
+            with contextlib.suppress(anyio.WouldBlock, anyio.ClosedResourceError):
+                self._queue.send_nowait(sse_delta(delta))
+        del held[:ready]
 
 
 async def _batched(queue: MemoryObjectReceiveStream[bytes]) -> AsyncIterator[bytes]:

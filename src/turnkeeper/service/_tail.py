@@ -15,7 +15,7 @@ from turnkeeper.service._http import DEFAULT_PAGE, int_param, json_response, par
 from turnkeeper.service._limits import Limits
 from turnkeeper.service._longpoll import EventSource, client_gone, events_or_stop
 from turnkeeper.service._schemas import EventPage
-from turnkeeper.service._sse import EventStreamResponse, Watch, event_stream
+from turnkeeper.service._sse import EventStreamResponse, Watch, logged_events
 
 
 async def events_response(
@@ -57,8 +57,11 @@ async def stream_response(
         after = parse_int("Last-Event-ID", last.strip(), 0, LARGEST_SEQ)
     await exists(session_id)
     return EventStreamResponse(
-        event_stream(source, session_id, after=after, ping_seconds=ping_seconds, stopping=stopping),
+        logged_events(
+            source, session_id, after=after, ping_seconds=ping_seconds, stopping=stopping
+        ),
         session_id,
-        watch,
+        after=after,
+        watch=watch,
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )

@@ -13,9 +13,11 @@ For streaming, the model is a stand-in OpenAI-compatible server in a process of 
 streaming each reply as `STREAM_TOKENS` chunks (`data: {...}` SSE, one every
 `STREAM_INTERVAL` s), each chunk's text the time it was sent (`time.monotonic()`, one
 clock for every process on Linux); the service, a second process, calls it with
-OpenAIChat. Each of `STREAM_SESSIONS` clients (httpx) opens its session's event stream,
-then posts messages one after another; each delta it reads is timed against the
-time in its text. Figures, not assertions. Run: `python bench/service.py`.
+OpenAIChat. Each of `STREAM_SESSIONS` clients (httpx, a client each, as separate
+orchestrators would be) opens its session's event stream, then posts messages one after
+another; each delta it reads is timed against the time in its text. Run
+`python bench/service.py --streaming` for this part alone. Figures, not assertions.
+Run: `python bench/service.py`.
 """
 
 from __future__ import annotations
@@ -244,50 +246,48 @@ def run_stand_in() -> None:
 
 
 async def _streaming_client(
-    client: httpx.AsyncClient, seconds: list[float], started: float, deadline: float
+    url: str, seconds: list[float], started: float, deadline: float
 ) -> None:
-    """One session: its stream open, messages one after another until `deadline`, each
-    delta's latency (after the warm-up) added to `seconds`."""
-    created = await client.post("/v1/sessions", json={"spec": {"system_prompt": "Stream."}})
-    created.raise_for_status()
-    session_id = created.json()["session_id"]
-    path = f"/v1/sessions/{session_id}"
-    async with client.stream(
-        "GET", path + "/events/stream", headers={"Last-Event-ID": "1"}
-    ) as response:
-        lines = response.aiter_lines()
-        n = 0
-        while time.perf_counter() < deadline:
-            n += 1
-            posted = await client.post(path + "/messages", json={"text": f"more {n}"})
-            posted.raise_for_status()
-            event = None
-            async for line in lines:
-                if line.startswith("event: "):
-                    event = line[7:]
-                elif line.startswith("data: ") and event == "delta":
-                    now = time.monotonic()
-                    sent = float(json.loads(line[6:])["text"])
-                    if time.perf_counter() - started > STREAM_WARM_UP:
-                        seconds.append(now - sent)
-                elif line.startswith("data: ") and event == "local.model_response":
-                    break
+    """One session, a client of its own: its stream open, messages one after another
+    until `deadline`, each delta's latency (after the warm-up) added to `seconds`."""
+    async with httpx.AsyncClient(
+        base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=120
+    ) as client:
+        created = await client.post("/v1/sessions", json={"spec": {"system_prompt": "Stream."}})
+        created.raise_for_status()
+        path = f"/v1/sessions/{created.json()['session_id']}"
+        async with client.stream(
+            "GET", path + "/events/stream", headers={"Last-Event-ID": "1"}
+        ) as response:
+            lines = response.aiter_lines()
+            n = 0
+            while time.perf_counter() < deadline:
+                n += 1
+                posted = await client.post(path + "/messages", json={"text": f"more {n}"})
+                posted.raise_for_status()
+                event = None
+                async for line in lines:
+                    if line.startswith("event: "):
+                        event = line[7:]
+                    elif line.startswith("data: ") and event == "delta":
+                        now = time.monotonic()
+                        sent = float(json.loads(line[6:])["text"])
+                        if time.perf_counter() - started > STREAM_WARM_UP:
+                            seconds.append(now - sent)
+                    elif line.startswith("data: ") and event == "local.model_response":
+                        break
 
 
 async def measure_streaming(url: str) -> tuple[float, list[float]]:
+    """Every session's client at once, for `STREAM_SECONDS`: the seconds measured after
+    the warm-up, and each delta's latency."""
     seconds: list[float] = []
-    limits = httpx.Limits(
-        max_connections=2 * STREAM_SESSIONS, max_keepalive_connections=2 * STREAM_SESSIONS
-    )
-    async with httpx.AsyncClient(
-        base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}, limits=limits, timeout=120
-    ) as client:
-        started = time.perf_counter()
-        deadline = started + STREAM_SECONDS
-        async with anyio.create_task_group() as group:
-            for _ in range(STREAM_SESSIONS):
-                group.start_soon(_streaming_client, client, seconds, started, deadline)
-        return time.perf_counter() - started - STREAM_WARM_UP, seconds
+    started = time.perf_counter()
+    deadline = started + STREAM_SECONDS
+    async with anyio.create_task_group() as group:
+        for _ in range(STREAM_SESSIONS):
+            group.start_soon(_streaming_client, url, seconds, started, deadline)
+    return time.perf_counter() - started - STREAM_WARM_UP, seconds
 
 
 def stream_main(folder: str) -> None:

@@ -4,11 +4,13 @@ one, and a stream cut mid-way as a transient failure that a retry starts over.""
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import anyio
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -33,7 +35,7 @@ from turnkeeper.providers import (
     streaming_to,
     with_retry,
 )
-from turnkeeper.providers._openai import _Reply
+from turnkeeper.providers._openai import _Reply, _sse_data
 
 pytestmark = pytest.mark.anyio
 
@@ -303,3 +305,41 @@ def test_any_reply_put_back_together_is_the_reply(
     for position, (name, arguments) in enumerate(calls):
         parts = [d for d in got if d.tool_call == position]
         assert (parts[0].name, "".join(d.text for d in parts)) == (name, arguments)
+
+
+_payloads = st.lists(
+    st.lists(
+        st.text(st.characters(codec="ascii", exclude_characters="\r\n"), max_size=12),
+        min_size=1,
+        max_size=3,
+    ),
+    max_size=5,
+)
+
+
+@given(
+    payloads=_payloads,
+    ending=st.sampled_from(["\n", "\r\n", "\r"]),
+    cuts=st.lists(st.integers(0, 400), max_size=8),
+)
+def test_sse_data_is_read_whatever_the_line_endings_and_chunks(
+    payloads: list[list[str]], ending: str, cuts: list[int]
+) -> None:
+    """Each event's data lines (joined by newlines), with comments and other fields
+    between, cut anywhere into chunks."""
+    body = f": a comment{ending}{ending}"
+    for lines in payloads:
+        body += f"event: x{ending}" + "".join(f"data: {line}{ending}" for line in lines) + ending
+    raw = body.encode()
+    points = sorted({0, len(raw), *(cut for cut in cuts if cut < len(raw))})
+    chunks = [raw[a:b] for a, b in itertools.pairwise(points)]
+
+    async def read() -> list[bytes]:
+        async def source() -> AsyncIterator[bytes]:
+            for chunk in chunks:
+                yield chunk
+
+        return [data async for data in _sse_data(source())]
+
+    got = anyio.run(read)
+    assert got == ["\n".join(lines).encode() for lines in payloads]

@@ -29,7 +29,7 @@ _KEY = re.compile(r"[\x21-\x7e]+")
 _LIMITS = httpx.Limits(max_connections=100, max_keepalive_connections=100)
 _TOO_DEEP = f"nested more than {MAX_JSON_DEPTH} levels deep"
 _EVENT_STREAM = "text/event-stream"
-_DONE = "[DONE]"
+_DONE = b"[DONE]"
 # Fields of a streamed message or tool call given once, not in pieces to be joined.
 _WHOLE = frozenset({"role", "id", "type", "name"})
 
@@ -139,7 +139,7 @@ class OpenAIChat:
             failure: ChatError | None = None
             # Read to the end even after [DONE] or a failure: the connection then goes back
             # to the pool, and no generator of the response is left unfinished.
-            async for data in _sse_data(response.aiter_lines()):
+            async for data in _sse_data(response.aiter_bytes()):
                 if done or failure is not None:
                     continue
                 if data == _DONE:
@@ -189,12 +189,12 @@ class OpenAIChat:
             raise self._malformed(f"expected a JSON object, got {type(response).__name__}")
         return self._checked(response)
 
-    def _decode_chunk(self, data: str) -> dict[str, Any]:
+    def _decode_chunk(self, data: bytes) -> dict[str, Any]:
         try:
             chunk = msgspec.json.decode(data)
         except msgspec.DecodeError as error:
             raise self._malformed(
-                f"a stream chunk is not JSON ({error}): {_truncate(data)}"
+                f"a stream chunk is not JSON ({error}): {_shorten(data)}"
             ) from None
         except RecursionError:
             raise self._malformed(_TOO_DEEP) from None
@@ -326,19 +326,40 @@ def _truncate(text: str) -> str:
     return text if len(text) <= _DETAIL_CHARS else text[:_DETAIL_CHARS] + "..."
 
 
-async def _sse_data(lines: AsyncIterator[str]) -> AsyncIterator[str]:
-    """The `data` of each Server-Sent Event in `lines` (its data lines joined by newlines);
-    comments and the other fields are skipped."""
-    data: list[str] = []
-    async for line in lines:
-        if not line:
-            if data:
-                yield "\n".join(data)
-                data = []
-        elif line.startswith("data:"):
-            data.append(line[6:] if line.startswith("data: ") else line[5:])
-    if data:
-        yield "\n".join(data)
+async def _sse_data(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """The `data` of each Server-Sent Event in the body `chunks` (its data lines joined by
+    newlines); comments and the other fields are skipped. Lines may end in LF, CRLF or CR."""
+    buffer = b""
+    held_cr = False  # a CR that ended a chunk: the next may begin with its LF
+    async for chunk in chunks:
+        if held_cr:
+            chunk = b"\r" + chunk
+        held_cr = chunk.endswith(b"\r")
+        if held_cr:
+            chunk = chunk[:-1]
+        if b"\r" in chunk:
+            chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        buffer += chunk
+        while (end := buffer.find(b"\n\n")) >= 0:
+            block, buffer = buffer[:end], buffer[end + 2 :]
+            data = _data_of(block)
+            if data is not None:
+                yield data
+    data = _data_of(buffer)
+    if data is not None:
+        yield data
+
+
+def _data_of(block: bytes) -> bytes | None:
+    """The data of one event's lines, or None if it has no data line."""
+    if block.startswith(b"data: ") and b"\n" not in block:
+        return block[6:]  # the common case: one data line
+    data = [
+        line[6:] if line.startswith(b"data: ") else line[5:]
+        for line in block.split(b"\n")
+        if line.startswith(b"data:")
+    ]
+    return b"\n".join(data) if data else None
 
 
 class _Reply:

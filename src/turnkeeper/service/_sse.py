@@ -8,7 +8,6 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 
 import anyio
-import anyio.abc
 import msgspec
 from anyio.streams.memory import MemoryObjectReceiveStream
 from starlette.responses import StreamingResponse
@@ -21,8 +20,9 @@ PING = b": ping\n\n"
 DELTA_EVENT = "delta"
 """The SSE event name of a `TokenDelta`."""
 
-Watch = Callable[[str], AbstractAsyncContextManager[MemoryObjectReceiveStream[TokenDelta]]]
-"""A session's deltas for the duration of a block (`Host.deltas`)."""
+Watch = Callable[[str, Callable[[TokenDelta], object]], AbstractAsyncContextManager[None]]
+"""A session's deltas, each given to a function, for the duration of a block
+(`Host.watch_deltas`)."""
 
 _delta_encoder = msgspec.json.Encoder()
 # Frames queued for a client before an event waits (and a delta is dropped).
@@ -80,12 +80,13 @@ async def logged_events(
 
 
 class EventStreamResponse(StreamingResponse):
-    """`events` (`logged_events` after seq `after`) as a text/event-stream, and, with
-    `watch`, the session's deltas among them as they come, in order: the deltas of a
-    model call after the event logged before it (their `after`), and before the events
-    after it (its reply). The deltas are watched from before the response starts, so a
-    call the client sets off once it has the response's headers is streamed. The stream
-    ends when `events` do; a client more than a queue's worth behind misses deltas (never
+    """`events` (`logged_events`) as a text/event-stream, and, with `watch`, the session's
+    deltas among them, queued for the client as the model call hands them over, so a
+    reply's all come before the reply. They are not held back for the events before
+    them (logged, and read back for the stream a moment later): a client places a delta
+    by its `after`. The deltas are watched from before the response starts, so a call
+    the client sets off once it has the response's headers is streamed. The stream ends
+    when `events` do; a client more than a queue's worth behind misses deltas (never
     events)."""
 
     def __init__(
@@ -93,71 +94,33 @@ class EventStreamResponse(StreamingResponse):
         events: AsyncIterator[Envelope | None],
         session_id: str,
         *,
-        after: int,
         watch: Watch | None,
         headers: Mapping[str, str],
     ) -> None:
         self._events = events
         self._session_id = session_id
         self._watch = watch
-        # The seq of the last event queued for the client, and the deltas not yet queued.
-        self._sent = after
-        self._held: list[TokenDelta] = []
-        self._deltas: MemoryObjectReceiveStream[TokenDelta] | None = None
         self._queue, queued = anyio.create_memory_object_stream[bytes](_QUEUED)
         super().__init__(_batched(queued), media_type="text/event-stream", headers=headers)
 
     async def stream_response(self, send: Send) -> None:
-        async with anyio.create_task_group() as group:
+        async with contextlib.AsyncExitStack() as stack:
             if self._watch is not None:
-                await group.start(self._follow_deltas, self._watch)
-            group.start_soon(self._follow_events)
-            await super().stream_response(send)
-            group.cancel_scope.cancel()
+                await stack.enter_async_context(self._watch(self._session_id, self._queue_delta))
+            async with anyio.create_task_group() as group:
+                group.start_soon(self._follow_events)
+                await super().stream_response(send)
+                group.cancel_scope.cancel()
 
     async def _follow_events(self) -> None:
-        # Closing the queue when the events end ends the response (and the deltas with it).
+        # Closing the queue when the events end ends the response.
         async with self._queue:
             async for envelope in self._events:
-                if envelope is None:
-                    await self._queue.send(PING)
-                    continue
-                self._release(before=envelope.seq)
-                await self._queue.send(sse_event(envelope))
-                self._sent = envelope.seq
-                self._release(before=envelope.seq + 1)
+                await self._queue.send(PING if envelope is None else sse_event(envelope))
 
-    async def _follow_deltas(
-        self, watch: Watch, *, task_status: anyio.abc.TaskStatus[None]
-    ) -> None:
-        async with watch(self._session_id) as deltas:
-            self._deltas = deltas
-            task_status.started()
-            async for delta in deltas:
-                self._hold(delta)
-                self._release(before=self._sent + 1)
-
-    def _hold(self, delta: TokenDelta) -> None:
-        if len(self._held) < _QUEUED:
-            self._held.append(delta)
-
-    def _release(self, *, before: int) -> None:
-        """Queue the deltas of calls made after an event before seq `before`, with no
-        checkpoint: those the deltas' task has not taken yet too."""
-        deltas = self._deltas
-        while deltas is not None:
-            try:
-                self._hold(deltas.receive_nowait())
-            except (anyio.WouldBlock, anyio.EndOfStream):
-                break
-        held = self._held
-        ready = 0
-        while ready < len(held) and held[ready].after < before:
-            ready += 1
-        for delta in held[:ready]:
-            with contextlib.suppress(anyio.WouldBlock, anyio.ClosedResourceError):
-                self._queue.send_nowait(sse_delta(delta))
-        del held[:ready]
+    def _queue_delta(self, delta: TokenDelta) -> None:
+        with contextlib.suppress(anyio.WouldBlock, anyio.ClosedResourceError):
+            self._queue.send_nowait(sse_delta(delta))
 
 
 async def _batched(queue: MemoryObjectReceiveStream[bytes]) -> AsyncIterator[bytes]:

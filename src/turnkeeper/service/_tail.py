@@ -61,7 +61,6 @@ async def stream_response(
             source, session_id, after=after, ping_seconds=ping_seconds, stopping=stopping
         ),
         session_id,
-        after=after,
         watch=watch,
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )

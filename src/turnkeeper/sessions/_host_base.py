@@ -166,8 +166,10 @@ class HostBase:
         self._stack: AsyncExitStack | None = None
         self._accepting = False
         self._stopping = False
-        # Subscribers to each watched session's deltas (`HostDeltas`); empty, most often.
-        self._watchers: dict[str, list[MemoryObjectSendStream[TokenDelta]]] = {}
+        # Subscribers to each watched session's deltas (`HostDeltas`), empty most often,
+        # and the streams `deltas` gives, which a stop ends.
+        self._watchers: dict[str, list[Callable[[TokenDelta], object]]] = {}
+        self._delta_streams: set[MemoryObjectSendStream[TokenDelta]] = set()
 
     if TYPE_CHECKING:
         # The parts' own, which the shared code uses.

@@ -4,7 +4,7 @@ each fragment of a model reply to them as it comes. Deltas are never logged."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import TYPE_CHECKING
 
@@ -13,7 +13,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 
 from turnkeeper.events import TokenDelta
 from turnkeeper.providers import DeltaSink
-from turnkeeper.sessions._host_base import HostBase
+from turnkeeper.sessions._host_base import HostBase, _log
 from turnkeeper.sessions._host_records import _Session
 
 DELTA_BUFFER = 1024
@@ -22,7 +22,8 @@ DELTA_BUFFER = 1024
 
 
 class HostDeltas(HostBase):
-    """Subscribers to sessions' deltas (`deltas`), and the sink of a call they watch."""
+    """Subscribers to sessions' deltas (`deltas`, `watch_deltas`), and the sink of a call
+    they watch."""
 
     if TYPE_CHECKING:
 
@@ -44,19 +45,42 @@ class HostDeltas(HostBase):
         in `index`). The stream ends when the host stops. UnknownSession if the host has
         no such session.
         """
-        async with self._use(session_id):
-            pass
         send, receive = anyio.create_memory_object_stream[TokenDelta](DELTA_BUFFER)
-        watchers = self._watchers.setdefault(session_id, [])
-        watchers.append(send)
+
+        def deliver(delta: TokenDelta) -> None:
+            # Behind (DELTA_BUFFER), gone or ended: this one is missed; the log has it all.
+            with contextlib.suppress(
+                anyio.WouldBlock, anyio.BrokenResourceError, anyio.ClosedResourceError
+            ):
+                send.send_nowait(delta)
+
+        self._delta_streams.add(send)
         try:
             with receive:
-                yield receive
+                async with self.watch_deltas(session_id, deliver):
+                    yield receive
         finally:
-            watchers.remove(send)
+            self._delta_streams.discard(send)
+            send.close()
+
+    @asynccontextmanager
+    async def watch_deltas(
+        self, session_id: str, on_delta: Callable[[TokenDelta], object]
+    ) -> AsyncIterator[None]:
+        """Call `on_delta` with each fragment of the session's model replies for the
+        duration of the block, as `deltas` gives them, but at once, from the model call's
+        task: it must not block (a callback that raises is logged and goes on being
+        called). UnknownSession if the host has no such session."""
+        async with self._use(session_id):
+            pass
+        watchers = self._watchers.setdefault(session_id, [])
+        watchers.append(on_delta)
+        try:
+            yield
+        finally:
+            watchers.remove(on_delta)
             if not watchers:
                 del self._watchers[session_id]
-            send.close()
 
     def _delta_sink(self, session_id: str, after: int) -> DeltaSink | None:
         """A sink for the session's next model call if anyone watches it, else None."""
@@ -65,15 +89,14 @@ class HostDeltas(HostBase):
         return DeltaSink(self._deliver, session_id, after)
 
     def _deliver(self, delta: TokenDelta) -> None:
-        for send in self._watchers.get(delta.session_id, ()):
-            # Behind (DELTA_BUFFER), gone or ended: this one is missed; the log has it all.
-            with contextlib.suppress(
-                anyio.WouldBlock, anyio.BrokenResourceError, anyio.ClosedResourceError
-            ):
-                send.send_nowait(delta)
+        for on_delta in self._watchers.get(delta.session_id, ()):
+            try:
+                on_delta(delta)
+            except Exception as exc:
+                # A subscriber's failure is not the model call's.
+                _log.error("deltas.watcher_failed", session_id=delta.session_id, error=repr(exc))
 
     def _end_deltas(self) -> None:
-        """End every subscriber's stream (the host stops)."""
-        for watchers in self._watchers.values():
-            for send in watchers:
-                send.close()
+        """End every `deltas` stream (the host stops)."""
+        for send in self._delta_streams:
+            send.close()

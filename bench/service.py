@@ -12,12 +12,12 @@ until that answer.
 For streaming, the model is a stand-in OpenAI-compatible server in a process of its own,
 streaming each reply as `STREAM_TOKENS` chunks (`data: {...}` SSE, one every
 `STREAM_INTERVAL` s), each chunk's text the time it was sent (`time.monotonic()`, one
-clock for every process on Linux); the service, a second process, calls it with
-OpenAIChat. Each of `STREAM_SESSIONS` clients (httpx, a client each, as separate
-orchestrators would be) opens its session's event stream, then posts messages one after
-another; each delta it reads is timed against the time in its text. Run
-`python bench/service.py --streaming` for this part alone. Figures, not assertions.
-Run: `python bench/service.py`.
+clock for every process on Linux); the service is `turnkeeper serve --base-url` on it, a
+second process (OpenAIChat with retries, as deployed). Each of `STREAM_SESSIONS` clients
+(httpx, a client each, as separate orchestrators would be) opens its session's event
+stream, then posts messages one after another; each delta it reads is timed against the
+time in its text. Run `python bench/service.py --streaming` for this part alone.
+Figures, not assertions. Run: `python bench/service.py`.
 """
 
 from __future__ import annotations
@@ -38,8 +38,7 @@ import anyio
 import anyio.abc
 import httpx
 
-from turnkeeper.core import Chat
-from turnkeeper.providers import OpenAIChat, text_response
+from turnkeeper.providers import text_response
 from turnkeeper.service import Limits, Listening, serve
 
 SECONDS = 5.0
@@ -59,18 +58,16 @@ async def scripted(request: dict[str, Any]) -> dict[str, Any]:
     return text_response(f"ok: {prompt}", usage=(len(prompt), 3))
 
 
-def run_server(log_path: str, model_url: str | None = None) -> None:
-    """The server side: serve until signalled, printing the ready line. On the model at
-    `model_url` (OpenAIChat), if given, else the scripted one."""
+def run_server(log_path: str) -> None:
+    """The server side: serve until signalled, printing the ready line."""
 
     def ready(listening: Listening) -> None:
         print(json.dumps({"url": listening.url}), flush=True)
 
-    chat: Chat = scripted if model_url is None else OpenAIChat(model_url)
     anyio.run(
         partial(
             serve,
-            chat=chat,
+            chat=scripted,
             port=0,
             log_path=log_path,
             token=TOKEN,
@@ -298,10 +295,18 @@ def stream_main(folder: str) -> None:
         model_url = json.loads(stand_in.stdout.readline())["url"]
         log_path = str(Path(folder) / "stream.sqlite")
         server = subprocess.Popen(
-            [sys.executable, __file__, "--serve", log_path, model_url], stdout=subprocess.PIPE
+            [
+                *(sys.executable, "-m", "turnkeeper.cli", "serve", "--port", "0"),
+                *("--log", log_path),
+                *("--base-url", model_url, "--model", "stand-in"),
+            ],
+            stdout=subprocess.PIPE,
+            env={**os.environ, "TURNKEEPER_TOKEN": TOKEN},
+            text=True,
         )
         assert server.stdout is not None
-        url = json.loads(server.stdout.readline())["url"]
+        # "turnkeeper serving on http://HOST:PORT/v1 (log: ...)"
+        url = server.stdout.readline().split()[3].removesuffix("/v1")
         load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
         print()
         print(
@@ -327,7 +332,7 @@ def stream_main(folder: str) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--serve"]:
-        run_server(sys.argv[2], *sys.argv[3:4])
+        run_server(sys.argv[2])
     elif sys.argv[1:2] == ["--stand-in"]:
         run_stand_in()
     elif sys.argv[1:2] == ["--streaming"]:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import math
 import os
 import re
+import ssl
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 import anyio.lowlevel
@@ -26,14 +27,18 @@ _REDACTED = "[redacted]"
 _HEADER_VALUE = re.compile(r"[\x20-\x7e\t]*")
 _KEY = re.compile(r"[\x21-\x7e]+")
 # The pool is shared by every session, so it keeps as many idle connections as it may open.
-_LIMITS = httpx.Limits(max_connections=100, max_keepalive_connections=100)
+# It is cut into a few small pools: httpcore spends time quadratic in a pool's connections
+# on each request (encode/httpcore#1035), a pause of the event loop of 10 ms and more at
+# 100 connections, which delays every session's reply and every streamed token.
+_POOLS = 8
+_LIMITS = httpx.Limits(max_connections=13, max_keepalive_connections=13)  # each, ~100 in all
 _TOO_DEEP = f"nested more than {MAX_JSON_DEPTH} levels deep"
 _EVENT_STREAM = "text/event-stream"
 _DONE = b"[DONE]"
 # Fields of a streamed message or tool call given once, not in pieces to be joined.
 _WHOLE = frozenset({"role", "id", "type", "name"})
 
-_shared: tuple[anyio.lowlevel.EventLoopToken, httpx.AsyncClient] | None = None
+_shared: tuple[anyio.lowlevel.EventLoopToken, _Pools] | None = None
 
 
 class OpenAIChat:
@@ -46,12 +51,21 @@ class OpenAIChat:
     to each of connecting, sending, waiting for a pooled connection and reading.
     `headers` are sent with every request.
 
-    Every OpenAIChat of a process shares one pooled `httpx.AsyncClient` (one per event
-    loop; close it with `aclose_shared_client()`) unless `client` is given, which the
-    caller then owns. The response JSON is returned verbatim. Failures raise ChatError:
-    transient for HTTP 408, 429 (with `retry_after` from Retry-After) and 5xx and for
-    timeouts and lost connections; permanent for other statuses and for a response
-    that is not JSON, nests more than 128 levels deep or has no `choices[0].message`.
+    Every OpenAIChat of a process shares a few pooled `httpx.AsyncClient`s (per event loop;
+    close them with `aclose_shared_client()`), up to about 100 connections in all, unless
+    `client` is given, which the caller then owns. The response JSON is returned
+    verbatim. Failures raise ChatError: transient for HTTP 408, 429 (with `retry_after`
+    from Retry-After) and 5xx and for timeouts and lost connections; permanent for other
+    statuses and for a response that is not JSON, nests more than 128 levels deep or has
+    no `choices[0].message`.
+
+    When the call is streamed (a caller wants its deltas: `run(on_delta=...)`, a Host's
+    subscriber), the request asks for `stream: true` with `stream_options.include_usage`;
+    the Server-Sent Events' chunks are sent to the sink as they come (content, and tool
+    calls by their index) and put back together into the response the server would have
+    sent unstreamed. A stream that ends before the reply does (no finish reason and no
+    `[DONE]`), stalls past `timeout` or carries an error object is a transient ChatError;
+    a server that answers a stream request with plain JSON is taken as it is.
     """
 
     def __init__(
@@ -91,8 +105,7 @@ class OpenAIChat:
         put back together into the response the server would have sent unstreamed."""
         sink = delta_sink()
         body = self._encode(request, stream=sink is not None)
-        client = self._client if self._client is not None else _shared_client()
-        with self._transport_errors():
+        with self._transport_errors(), _client_for(self._client) as client:
             if sink is not None:
                 return await self._streamed(client, body, sink)
             response = await client.post(
@@ -232,26 +245,59 @@ class OpenAIChat:
 
 
 async def aclose_shared_client() -> None:
-    """Close the pooled client every OpenAIChat without its own `client` uses.
+    """Close the pooled clients every OpenAIChat without its own `client` uses.
 
-    Call it before the event loop ends; the next request opens a new one.
+    Call it before the event loop ends; the next request opens new ones.
     """
     global _shared
     if _shared is not None:
-        _, client = _shared
+        _, pools = _shared
         _shared = None
-        await client.aclose()
+        await pools.aclose()
 
 
-def _shared_client() -> httpx.AsyncClient:
-    """The process's pooled client for the running event loop, created on first use."""
+class _Pools:
+    """The process's pooled clients for one event loop, each opened on first use. A
+    request takes the first of those with the fewest requests in flight: calls one at a
+    time reuse one connection, and concurrent ones spread over the pools."""
+
+    def __init__(self) -> None:
+        self.clients: list[httpx.AsyncClient | None] = [None] * _POOLS
+        self.busy = [0] * _POOLS
+        # One TLS context for all: each takes tens of ms to make (the CA certificates).
+        self.tls: ssl.SSLContext | None = None
+
+    @contextmanager
+    def client(self) -> Iterator[httpx.AsyncClient]:
+        index = self.busy.index(min(self.busy))
+        client = self.clients[index]
+        if client is None:
+            if self.tls is None:
+                self.tls = httpx.create_ssl_context()
+            client = self.clients[index] = httpx.AsyncClient(limits=_LIMITS, verify=self.tls)
+        self.busy[index] += 1
+        try:
+            yield client
+        finally:
+            self.busy[index] -= 1
+
+    async def aclose(self) -> None:
+        for client in self.clients:
+            if client is not None:
+                await client.aclose()
+
+
+def _client_for(own: httpx.AsyncClient | None) -> AbstractContextManager[httpx.AsyncClient]:
+    """`own`, or a pooled client for the running event loop (the pools made on first use)."""
+    if own is not None:
+        return nullcontext(own)
     global _shared
     loop = anyio.lowlevel.current_token()
     if _shared is None or _shared[0] != loop:
         # A client's connections belong to the loop that opened them; one from a finished
         # loop cannot be used (or closed) from this one.
-        _shared = (loop, httpx.AsyncClient(limits=_LIMITS))
-    return _shared[1]
+        _shared = (loop, _Pools())
+    return _shared[1].client()
 
 
 def _endpoint(base_url: str) -> httpx.URL:

@@ -263,3 +263,28 @@ async def test_a_call_in_flight_when_the_watch_begins_is_not_streamed() -> None:
                     deltas.receive_nowait()
     assert info.text == ANSWER
     assert "stream" not in server.received[0].body
+
+
+async def test_a_watcher_that_raises_is_logged_and_the_reply_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    got: list[TokenDelta] = []
+
+    def broken(delta: TokenDelta) -> None:
+        got.append(delta)
+        raise RuntimeError("the watcher broke")
+
+    async with (
+        serving(Reply(body=completion(ANSWER))) as server,
+        Host(chat=OpenAIChat(server.base_url)) as host,
+    ):
+        session_id = await host.start(AgentSpec(), None)
+        await anyio.wait_all_tasks_blocked()
+        async with host.watch_deltas(session_id, broken):
+            await host.send(session_id, "Hi")
+            info = await host.result(session_id, wait=10)
+    assert info.status == "idle"
+    assert info.text == ANSWER
+    assert text_of(got) == ANSWER  # called for every delta, though it raised each time
+    assert "deltas.watcher_failed" in caplog.text
+    assert "the watcher broke" in caplog.text

@@ -287,6 +287,12 @@ async def measure_streaming(url: str) -> tuple[float, list[float]]:
     return time.perf_counter() - started - STREAM_WARM_UP, seconds
 
 
+def _cpu_seconds(pid: int) -> float:
+    """The user and system CPU time process `pid` has used (Linux's /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def stream_main(folder: str) -> None:
     stand_in = subprocess.Popen([sys.executable, __file__, "--stand-in"], stdout=subprocess.PIPE)
     server = None
@@ -315,13 +321,21 @@ def stream_main(folder: str) -> None:
             "its own) through OpenAIChat and the service to httpx SSE clients"
         )
         print(f"load average {load} (the three processes share the CPUs)")
+        before = [_cpu_seconds(stand_in.pid), _cpu_seconds(server.pid), time.process_time()]
         elapsed, seconds = anyio.run(measure_streaming, url, backend="trio")
+        after = [_cpu_seconds(stand_in.pid), _cpu_seconds(server.pid), time.process_time()]
         p50 = statistics.median(seconds) * 1e3
         p99 = percentile(seconds, 0.99) * 1e3
         print(
             f"token leaves the model server -> SSE client has it: {len(seconds)} deltas "
             f"({len(seconds) / elapsed:.0f}/s), p50 {p50:.1f} ms, p99 {p99:.1f} ms "
             f"(target: p99 under {STREAM_TARGET_MS:g} ms)"
+        )
+        used = [b - a for a, b in zip(before, after, strict=True)]
+        print(
+            "CPU seconds over the run: stand-in {:.2f}, service {:.2f}, clients {:.2f}".format(
+                *used
+            )
         )
     finally:
         for process in (server, stand_in):

@@ -132,7 +132,10 @@ class EmbeddedChat:
     tokens of the reply so far; 1 is none) apply when the request sets none; `chat_format`
     names a llama-cpp-python chat format for weights whose GGUF carries no chat template.
     `n_threads` defaults to llama-cpp-python's choice, half the CPUs: on cores shared with
-    other work, more threads can be several times slower.
+    other work, more threads can be several times slower. A streamed call (see
+    `delta_sink`) sends the text as the model writes it, through
+    `create_chat_completion(stream=True)`; with tools, what the reply will be (an
+    answer's text, a call's tool and arguments) rather than the reply's JSON.
     """
 
     def __init__(

@@ -75,7 +75,10 @@ class InlineTools:
     `tool_calls` and finish_reason `tool_calls` when the reply held calls, and the final
     answer (or the prose) as content, finish_reason `stop`; the reply's own text, and
     whether part of it looked like a call but could not be read, are kept under the
-    response's `turnkeeper` field (`reply_text`, `unreadable`).
+    response's `turnkeeper` field (`reply_text`, `unreadable`). A streamed call (see
+    `delta_sink`) sends on what the reply will be as it comes: an answer's text, a
+    call's tool name, then at the end its arguments; if what was sent is not how the
+    response begins (an unreadable reply), its text starts over (`DeltaSink.restart`).
     """
 
     def __init__(self, chat: Chat, *, grammar: bool = False) -> None:

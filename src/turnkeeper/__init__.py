@@ -28,7 +28,7 @@ from turnkeeper.core import (
     UnloggableEvent,
     Usage,
 )
-from turnkeeper.events import Envelope
+from turnkeeper.events import Envelope, TokenDelta
 from turnkeeper.guards import Guard, GuardView, Verdict, compose, default_guards
 from turnkeeper.logs import (
     EventLog,
@@ -115,6 +115,7 @@ __all__ = [
     "SessionUnreadable",
     "SqliteLog",
     "TerminalTool",
+    "TokenDelta",
     "ToolContext",
     "ToolResult",
     "ToolSpec",

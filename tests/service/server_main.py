@@ -5,6 +5,8 @@ It serves on a free 127.0.0.1 port with a deterministic model and prints one JSO
 history: with the `ask_human` tool it asks once (return of control: no handler here);
 with `lookup` (handled in-process) it looks up `<prompt>-0`, `<prompt>-1`, then
 answers with what came back; a prompt starting with `slow` makes every call take a while.
+With `--model-url URL` the model is instead the OpenAI-compatible server there (the
+streaming test server, say), through OpenAIChat with retries.
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ from typing import Any
 import anyio
 import msgspec
 
-from turnkeeper.core import AgentSpec, ToolSpec
-from turnkeeper.providers import text_response, tool_response
+from turnkeeper.core import AgentSpec, Chat, ToolSpec
+from turnkeeper.providers import OpenAIChat, text_response, tool_response, with_retry
 from turnkeeper.service import Limits, Listening, serve
 
 LOOKUP = ToolSpec(
@@ -84,7 +86,11 @@ def main() -> None:
     parser.add_argument("--ping", type=float, default=15.0)
     parser.add_argument("--header-timeout", type=float, default=LIMITS.header_timeout_seconds)
     parser.add_argument("--max-wait", type=float, default=LIMITS.max_wait_seconds)
+    parser.add_argument("--model-url")
     args = parser.parse_args()
+    model: Chat = chat
+    if args.model_url is not None:
+        model = with_retry(OpenAIChat(args.model_url), base_delay=0.05)
     limits = msgspec.structs.replace(
         LIMITS, header_timeout_seconds=args.header_timeout, max_wait_seconds=args.max_wait
     )
@@ -96,7 +102,7 @@ def main() -> None:
     anyio.run(
         partial(
             serve,
-            chat=chat,
+            chat=model,
             port=0,
             log_path=args.log,
             tools={"lookup": lookup},

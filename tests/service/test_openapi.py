@@ -75,15 +75,25 @@ def test_path_parameters_auth_and_errors_are_documented() -> None:
             assert ("503" in operation["responses"]) != (path == "/v1/openapi.json")
 
 
-def test_the_document_is_an_object_and_the_stream_a_stream_of_envelopes() -> None:
+def test_the_document_is_an_object_and_the_stream_a_stream_of_envelopes_and_deltas() -> None:
     document = DOCUMENT["paths"]["/v1/openapi.json"]["get"]["responses"]["200"]["content"]
     assert document == {"application/json": {"schema": {"type": "object"}}}
     stream = DOCUMENT["paths"]["/v1/sessions/{session_id}/events/stream"]["get"]
     ((media, content),) = stream["responses"]["200"]["content"].items()
     assert media == "text/event-stream"
-    event = content["schema"]
-    assert event["required"] == ["id", "event", "data"]
-    assert event["properties"]["data"]["contentSchema"] == {"$ref": "#/components/schemas/Envelope"}
+    logged, delta = content["schema"]["oneOf"]
+    assert logged["required"] == ["id", "event", "data"]
+    assert logged["properties"]["data"]["contentSchema"] == {
+        "$ref": "#/components/schemas/Envelope"
+    }
+    # A delta of a reply: no id (not logged), its own event name and body.
+    assert delta["required"] == ["event", "data"]
+    assert delta["properties"]["event"] == {"const": "delta"}
+    assert delta["properties"]["data"]["contentSchema"] == {
+        "$ref": "#/components/schemas/TokenDelta"
+    }
+    token_delta = DOCUMENT["components"]["schemas"]["TokenDelta"]
+    assert token_delta["properties"]["type"] == {"enum": ["delta"]}
 
 
 def test_every_reference_resolves_to_a_component() -> None:

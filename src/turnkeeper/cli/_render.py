@@ -91,14 +91,10 @@ def step_line(envelope: Envelope) -> str | None:
     if isinstance(event, DirectiveInjected):
         return f"guard {event.guard}: {gist(event.text)}"
     if isinstance(event, ModelResponded):
-        usage = f"[{event.usage.prompt_tokens}+{event.usage.completion_tokens} tokens]"
-        if event.usage.cost is not None:
-            usage = f"{usage[:-1]}, cost {event.usage.cost}]"
         if event.message.get("tool_calls"):
-            return f"model: calls {gist(_calls(event.message))} {usage}"
+            return f"model: calls {gist(_calls(event.message))} {_usage(event)}"
         said = gist(text_of(event.message)) or "(no text)"
-        stopped = "" if event.finish_reason == "stop" else f" (stopped: {event.finish_reason})"
-        return f"model: {said}{stopped} {usage}"
+        return f"model: {said}{reply_tail(event)}"
     if isinstance(event, ReplyReplaced):
         return f"guard {event.guard}: answer replaced with: {gist(event.text)}"
     if isinstance(event, McpFailed):
@@ -144,6 +140,20 @@ def step_line(envelope: Envelope) -> str | None:
         return f"forked from session {event.origin} at seq {event.at_seq}"
     assert_type(event, ToolResultsReceived)  # every other kind has its line above
     return None
+
+
+def reply_tail(event: ModelResponded) -> str:
+    """What the line of a reply without tool calls shows after its text: why it stopped,
+    unless it finished, and its usage."""
+    stopped = "" if event.finish_reason == "stop" else f" (stopped: {event.finish_reason})"
+    return f"{stopped} {_usage(event)}"
+
+
+def _usage(event: ModelResponded) -> str:
+    usage = f"[{event.usage.prompt_tokens}+{event.usage.completion_tokens} tokens]"
+    if event.usage.cost is not None:
+        usage = f"{usage[:-1]}, cost {event.usage.cost}]"
+    return usage
 
 
 def _indented(text: str) -> str:

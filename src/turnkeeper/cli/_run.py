@@ -15,10 +15,18 @@ from turnkeeper.cli import _codes
 from turnkeeper.cli._backend import chat_backend
 from turnkeeper.cli._guards import parse_guards
 from turnkeeper.cli._logs import Recorder
-from turnkeeper.cli._render import result_text, step_line
+from turnkeeper.cli._render import reply_tail, result_text, step_line
 from turnkeeper.cli._toolset import example_tools, load_tools
-from turnkeeper.core import AgentSpec, Chat, ChatError, GuardConfig, InputError, SmallModel
-from turnkeeper.events import Envelope, encode_envelope
+from turnkeeper.core import (
+    AgentSpec,
+    Chat,
+    ChatError,
+    GuardConfig,
+    InputError,
+    SmallModel,
+    text_of,
+)
+from turnkeeper.events import ChatRetried, Envelope, ModelResponded, TokenDelta, encode_envelope
 from turnkeeper.providers import EmbeddedChat, aclose_shared_client
 from turnkeeper.sessions import RunResult, run
 from turnkeeper.tools import mcp_servers_from_commands
@@ -47,10 +55,16 @@ class RunOptions(msgspec.Struct, frozen=True):
 
 
 class _Output:
-    """Where a run's events go: one human line each on stderr, or JSON Lines on stdout."""
+    """Where a run's events go: one human line each on stderr, or JSON Lines on stdout.
+    On stderr a reply's text is shown as it streams in, on a line its event then ends."""
 
     def __init__(self, json_lines: bool) -> None:
         self.json_lines = json_lines
+        # The streamed text on the open line, and the call and attempt it is of.
+        self.streamed: str | None = None
+        self.streaming: tuple[int, int] | None = None
+        # The retries of the streamed call, shown after its line.
+        self.retries: list[str] = []
 
     def _say(self, line: str) -> None:
         if not self.json_lines:
@@ -63,12 +77,53 @@ class _Output:
         """A line on stderr in either mode: what the run waits for before its first step."""
         print(line, file=sys.stderr, flush=True)
 
+    def delta(self, delta: TokenDelta) -> None:
+        """Show a fragment of the reply's text (tool calls show once they are logged)."""
+        if delta.tool_call is not None or not delta.text:
+            return
+        if self.streaming != (delta.after, delta.attempt):
+            # A new call, or a retry of this one, which starts the text over.
+            if self.streaming is not None and self.streaming[0] == delta.after:
+                sys.stderr.write(" (starting over)")
+            self._end_line()
+            self.streaming = (delta.after, delta.attempt)
+            self.streamed = ""
+            sys.stderr.write("model: ")
+        sys.stderr.write(delta.text)
+        sys.stderr.flush()
+        self.streamed = (self.streamed or "") + delta.text
+
+    def _end_line(self) -> None:
+        if self.streamed is not None:
+            print(file=sys.stderr, flush=True)
+        self.streamed = None
+
     def event(self, envelope: Envelope) -> None:
         if self.json_lines:
             sys.stdout.buffer.write(encode_envelope(envelope) + b"\n")
             sys.stdout.buffer.flush()
             return
+        event = envelope.event
         line = step_line(envelope)
+        if isinstance(event, ChatRetried) and self.streamed is not None:
+            # Logged with the reply, after its text is out: said once its line ends.
+            self.retries.append(line or "")
+            return
+        streamed, self.streaming = self.streamed, None
+        if (
+            isinstance(event, ModelResponded)
+            and streamed is not None
+            and not event.message.get("tool_calls")
+            and text_of(event.message) == streamed
+        ):
+            # The line shows the reply already: it ends with what the event adds.
+            self.streamed = None
+            line = None
+            print(reply_tail(event), file=sys.stderr, flush=True)
+        self._end_line()
+        for retry in self.retries:
+            self._say(retry)
+        self.retries.clear()
         if line is not None:
             self._say(line)
 
@@ -151,6 +206,7 @@ async def run_command(options: RunOptions) -> int:
             require_terminal_tool=options.require_terminal_tool,
             guards=guards,
             on_event=on_event,
+            on_delta=None if options.json else output.delta,
             timeout=options.timeout,
         )
     if not options.json:

@@ -1,6 +1,7 @@
 """Events: the `local.*` event types, the envelope and its codec."""
 
 from turnkeeper.events._codec import decode_envelope, decode_envelopes, encode_envelope
+from turnkeeper.events._delta import TokenDelta
 from turnkeeper.events._events import (
     AnsweredAfterStop,
     AnswerRequested,
@@ -57,6 +58,7 @@ __all__ = [
     "ReplyReplaced",
     "SessionOpened",
     "TerminalToolCalled",
+    "TokenDelta",
     "ToolCalled",
     "ToolMayHaveRun",
     "ToolResultsReceived",

@@ -24,10 +24,12 @@ from turnkeeper.providers._shaping import (
     with_step_timeout,
     with_tool_ranking,
 )
+from turnkeeper.providers._stream import DeltaSink, delta_sink, streaming_to
 
 __all__ = [
     "SCHEMA_BUDGET",
     "Chat",
+    "DeltaSink",
     "EmbeddedChat",
     "EmbeddedUnavailable",
     "InlineTools",
@@ -44,11 +46,13 @@ __all__ = [
     "collecting_events",
     "compact_schema",
     "default_model_path",
+    "delta_sink",
     "error_for_status",
     "parse_retry_after",
     "parse_tool_calls",
     "rank_tools",
     "report_event",
+    "streaming_to",
     "text_response",
     "tool_response",
     "with_prompt_fitting",

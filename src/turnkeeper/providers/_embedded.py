@@ -8,15 +8,18 @@ nothing is downloaded at run time.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import importlib.util
 import json
 import math
 import threading
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, cast
 
 import anyio
+import anyio.from_thread
 import anyio.lowlevel
 import anyio.to_thread
 import msgspec
@@ -24,6 +27,7 @@ import msgspec
 from turnkeeper.core import ChatError, InputError, TurnkeeperError
 from turnkeeper.providers._inline import InlineTools
 from turnkeeper.providers._shaping import approx_tokens, with_prompt_fitting, with_tool_ranking
+from turnkeeper.providers._stream import delta_sink
 
 if TYPE_CHECKING:
     from llama_cpp import Llama
@@ -128,7 +132,10 @@ class EmbeddedChat:
     tokens of the reply so far; 1 is none) apply when the request sets none; `chat_format`
     names a llama-cpp-python chat format for weights whose GGUF carries no chat template.
     `n_threads` defaults to llama-cpp-python's choice, half the CPUs: on cores shared with
-    other work, more threads can be several times slower.
+    other work, more threads can be several times slower. A streamed call (see
+    `delta_sink`) sends the text as the model writes it, through
+    `create_chat_completion(stream=True)`; with tools, what the reply will be (an
+    answer's text, a call's tool and arguments) rather than the reply's JSON.
     """
 
     def __init__(
@@ -205,7 +212,9 @@ class EmbeddedChat:
         return await self._with_tools(request)
 
     async def complete(self, request: dict[str, Any]) -> dict[str, Any]:
-        """The model's reply to `request`'s messages, with no tool handling."""
+        """The model's reply to `request`'s messages, with no tool handling. When the call
+        is streamed (`delta_sink()`), each piece of text goes to the sink as the model
+        writes it, and the response is the one the call makes unstreamed."""
         messages = request.get("messages")
         if not isinstance(messages, list) or not messages:
             raise ChatError("request has no messages", transient=False)
@@ -214,12 +223,20 @@ class EmbeddedChat:
         params["seed"] = self._seed if seed is None else seed
         params["max_tokens"] = request.get("max_tokens") or self._max_tokens
         params.setdefault("repeat_penalty", self._repeat_penalty)
+        sink = delta_sink()
         async with self._queue():
             loaded = await anyio.to_thread.run_sync(self._load)
             # Not abandoned on cancel: llama.cpp cannot stop mid-generation (an exception in
             # its sampler callback is swallowed), so a cancelled caller waits for the reply,
             # which `max_tokens` bounds.
-            return await anyio.to_thread.run_sync(_generate, loaded, messages, params)
+            if sink is None:
+                return await anyio.to_thread.run_sync(_generate, loaded, messages, params)
+            text = sink.text
+
+            def send(piece: str) -> None:
+                anyio.from_thread.run_sync(text, piece)
+
+            return await anyio.to_thread.run_sync(_streamed, loaded, messages, params, send)
 
     def _queue(self) -> anyio.Lock:
         try:
@@ -297,18 +314,132 @@ def _with_grammar(params: dict[str, Any]) -> dict[str, Any]:
 
 def _generate(loaded: _Loaded, messages: list[Any], params: dict[str, Any]) -> dict[str, Any]:
     params = _with_grammar(params)
-    with loaded.busy:
-        try:
-            response = loaded.llama.create_chat_completion(messages=messages, **params)
-        except ValueError as error:
-            if _CONTEXT_OVERFLOW in str(error):
-                raise ChatError(
-                    f"the request does not fit the model's context window "
-                    f"({loaded.llama.n_ctx()} tokens): {error}; shorten the history or "
-                    "raise EmbeddedChat n_ctx",
-                    transient=False,
-                ) from error
-            raise ChatError(f"the embedded model failed: {error}", transient=False) from error
-        except Exception as error:
-            raise ChatError(f"the embedded model failed: {error}", transient=False) from error
+    with loaded.busy, _failures(loaded):
+        response = loaded.llama.create_chat_completion(messages=messages, **params)
     return cast("dict[str, Any]", response)
+
+
+@contextlib.contextmanager
+def _failures(loaded: _Loaded) -> Iterator[None]:
+    """llama-cpp-python's failures inside the block as permanent ChatErrors."""
+    try:
+        yield
+    except ValueError as error:
+        if _CONTEXT_OVERFLOW in str(error):
+            raise ChatError(
+                f"the request does not fit the model's context window "
+                f"({loaded.llama.n_ctx()} tokens): {error}; shorten the history or "
+                "raise EmbeddedChat n_ctx",
+                transient=False,
+            ) from error
+        raise ChatError(f"the embedded model failed: {error}", transient=False) from error
+    except ChatError:
+        raise
+    except Exception as error:
+        raise ChatError(f"the embedded model failed: {error}", transient=False) from error
+
+
+class _Samples:
+    """A logits processor that changes nothing and counts the tokens sampled, and the
+    prompt's tokens (the context's at the first sample): a streamed completion reports
+    no usage, so this is how the response gets the usage the unstreamed one has."""
+
+    def __init__(self, llama: Llama) -> None:
+        self.llama = llama
+        self.prompt: int | None = None
+        self.sampled = 0
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        if self.prompt is None:
+            self.prompt = self.llama.n_tokens
+        self.sampled += 1
+        return scores
+
+
+def _streamed(
+    loaded: _Loaded,
+    messages: list[Any],
+    params: dict[str, Any],
+    send: Callable[[str], object],
+) -> dict[str, Any]:
+    """`_generate`'s response, made with llama-cpp-python's `create_chat_completion(stream=
+    True)`, each piece of text given to `send` as it comes.
+
+    The request's stop strings are looked for here, not by llama.cpp: a reply ended by one
+    counts the token that completed it, one ended by an end-of-generation token does not
+    count that token, and a stream says neither which nor how many it sampled. (The chat
+    format's own stop, its end token spelled out as text, is left to llama.cpp; a reply
+    ending on that, which a model writes as the token, would count one token short.)"""
+    from llama_cpp import LogitsProcessorList
+
+    params = _with_grammar(params)
+    stops = params.pop("stop", None) or []
+    stops = [stops] if isinstance(stops, str) else list(stops)
+    llama = loaded.llama
+    samples = _Samples(llama)
+    with loaded.busy, _failures(loaded):
+        chunks = llama.create_chat_completion(
+            messages=messages,
+            stream=True,
+            logits_processor=LogitsProcessorList([samples]),
+            **params,
+        )
+        head: dict[str, Any] = {}
+        text, held, finish, stopped = "", "", None, False
+        try:
+            for chunk in cast("Iterator[dict[str, Any]]", chunks):
+                head = head or chunk
+                choice = chunk["choices"][0]
+                held += choice["delta"].get("content") or ""
+                at = min((i for i in (held.find(s) for s in stops) if i >= 0), default=-1)
+                if at >= 0:
+                    text += held[:at]
+                    if at:
+                        send(held[:at])
+                    finish, stopped = "stop", True
+                    break  # generation ends with the reply's generator
+                out = len(held) - _stop_prefix(held, stops)
+                if out:
+                    text, piece, held = text + held[:out], held[:out], held[out:]
+                    send(piece)
+                finish = choice.get("finish_reason") or finish
+        finally:
+            cast("Generator[Any, None, None]", chunks).close()
+        if not stopped and held:
+            text += held
+            send(held)
+    prompt = samples.prompt or 0
+    completion = samples.sampled - (1 if finish == "stop" and not stopped else 0)
+    return {
+        "id": head.get("id"),
+        "object": "chat.completion",
+        "created": head.get("created"),
+        "model": head.get("model"),
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": finish,
+            }
+        ],
+        "usage": {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+        },
+    }
+
+
+def _stop_prefix(text: str, stops: list[str]) -> int:
+    """The length of the longest end of `text` that begins a stop string (held back: the
+    stop may be completed by what comes next)."""
+    return max(
+        (
+            n
+            for stop in stops
+            for n in range(min(len(stop) - 1, len(text)), 0, -1)
+            if text.endswith(stop[:n])
+        ),
+        default=0,
+    )

@@ -29,6 +29,8 @@ import json
 import re
 from typing import Any, Final
 
+import jiter
+
 from turnkeeper.core import (
     FINAL_TURN_LEAD,
     MAX_ARGUMENT_DEPTH,
@@ -37,7 +39,9 @@ from turnkeeper.core import (
     ChatError,
     nests_deeper,
 )
+from turnkeeper.events import TokenDelta
 from turnkeeper.providers._parse import ParsedCall, ParsedReply, parse_tool_calls
+from turnkeeper.providers._stream import DeltaSink, delta_sink, streaming_to
 
 FINAL_TURN_PREFIX: Final = FINAL_TURN_LEAD.rstrip(".")
 """How the final-turn directive begins; on it the reply is constrained to an answer."""
@@ -132,7 +136,10 @@ class InlineTools:
     `tool_calls` and finish_reason `tool_calls` when the reply held calls, and the final
     answer (or the prose) as content, finish_reason `stop`; the reply's own text, and
     whether part of it looked like a call but could not be read, are kept under the
-    response's `turnkeeper` field (`reply_text`, `unreadable`).
+    response's `turnkeeper` field (`reply_text`, `unreadable`). A streamed call (see
+    `delta_sink`) sends on what the reply will be as it comes: an answer's text, a
+    call's tool name, then at the end its arguments; if what was sent is not how the
+    response begins (an unreadable reply), its text starts over (`DeltaSink.restart`).
     """
 
     def __init__(self, chat: Chat, *, grammar: bool = False) -> None:
@@ -145,8 +152,18 @@ class InlineTools:
         return self._grammar
 
     async def __call__(self, request: dict[str, Any]) -> dict[str, Any]:
-        response = await self._chat(inline_request(request, grammar=self._grammar))
-        return inline_response(response, request)
+        outer = delta_sink()
+        if outer is None:
+            response = await self._chat(inline_request(request, grammar=self._grammar))
+            return inline_response(response, request)
+        # Streamed: the reply's text is read as it comes, and what the reply will be is
+        # sent on (its answer's text, a call's tool), not the reply's JSON.
+        reader = _ReplyReader(outer, parses=_parses(request))
+        with streaming_to(reader):
+            response = await self._chat(inline_request(request, grammar=self._grammar))
+        answered = inline_response(response, request)
+        reader.finish(answered)
+        return answered
 
 
 def inline_request(request: dict[str, Any], *, grammar: bool) -> dict[str, Any]:
@@ -284,6 +301,83 @@ def inline_response(response: dict[str, Any], request: dict[str, Any]) -> dict[s
         "choices": [new_choice, *choices[1:]],
         "turnkeeper": {"reply_text": text, "unreadable": unreadable},
     }
+
+
+def _parses(request: dict[str, Any]) -> bool:
+    """Whether `inline_response` reads calls and answers out of the reply to `request`."""
+    return bool(request.get("tools")) or request.get("tool_choice") == "none"
+
+
+class _ReplyReader(DeltaSink):
+    """The sink of a streamed inline call: it reads the reply's text as it comes and sends
+    `outer` what the reply will be. Prose is sent as it is; a reply in the JSON form, read
+    with jiter's partial parsing at each piece, sends its answer's text as content, and a
+    call's tool name once it is whole. `finish` then sends what is left of the response,
+    or, if what was sent is not the start of its content, starts the text over."""
+
+    __slots__ = ("named", "native", "outer", "parses", "raw", "sent")
+
+    def __init__(self, outer: DeltaSink, *, parses: bool) -> None:
+        super().__init__(self._read, outer.session_id, outer.after)
+        self.outer = outer
+        self.parses = parses
+        self.raw = ""
+        self.sent = ""
+        self.named: str | None = None
+        self.native = False
+
+    def _read(self, delta: TokenDelta) -> None:
+        if delta.tool_call is not None:
+            # A backend with tools of its own: its calls are the reply's.
+            self.native = True
+            self.outer.tool_call(delta.tool_call, delta.text, delta.name)
+            return
+        self.raw += delta.text
+        if not self.parses or not self.raw.lstrip().startswith("{"):
+            self._content(self.raw)
+            return
+        try:
+            value = jiter.from_json(self.raw.encode(), partial_mode="trailing-strings")
+        except ValueError:
+            return  # not JSON after all: `finish` sends the content
+        if not isinstance(value, dict):
+            return
+        name, arguments = value.get("name"), value.get("arguments")
+        if isinstance(value.get(_ANSWER_KEY), str):
+            self._content(value[_ANSWER_KEY])
+        elif name == ANSWER_TOOL and isinstance(arguments, dict):
+            if isinstance(arguments.get(_ANSWER_ARGUMENT), str):
+                self._content(arguments[_ANSWER_ARGUMENT])
+        elif isinstance(name, str) and "arguments" in value and self.named is None:
+            # Its name is whole once its arguments begin; they are sent at the end, as the
+            # response has them.
+            self.named = name
+            self.outer.tool_call(0, "", name)
+
+    def restart(self) -> None:
+        super().restart()
+        self.raw, self.sent, self.named = "", "", None
+        self.outer.restart()
+
+    def _content(self, text: str) -> None:
+        if text.startswith(self.sent) and len(text) > len(self.sent):
+            piece, self.sent = text[len(self.sent) :], text
+            self.outer.text(piece)
+
+    def finish(self, response: dict[str, Any]) -> None:
+        """Send what the response has that was not sent as it streamed."""
+        message = response["choices"][0]["message"]
+        content = message.get("content")
+        content = content if isinstance(content, str) else ""
+        if not content.startswith(self.sent):
+            self.outer.restart()
+            self.sent, self.named = "", None
+        self._content(content)
+        calls = message.get("tool_calls") if not self.native else None
+        for index, call in enumerate(calls if isinstance(calls, list) else ()):
+            function = call["function"]
+            named = index == 0 and self.named == function["name"]
+            self.outer.tool_call(index, function["arguments"], None if named else function["name"])
 
 
 def reply_schema(tools: list[dict[str, Any]]) -> dict[str, Any]:

@@ -13,6 +13,7 @@ import anyio
 from turnkeeper.core import Chat, ChatError, InputError
 from turnkeeper.events import ChatRetried
 from turnkeeper.providers._report import report_event
+from turnkeeper.providers._stream import delta_sink
 
 
 def with_retry(
@@ -36,9 +37,10 @@ def with_retry(
     not cut short an attempt in flight; the backend's own timeout does that.
 
     Each retry reports one `ChatRetried(attempt=n, delay, error, status)` through
-    `report_event` before waiting. A permanent ChatError, any other exception and
-    cancellation propagate at once. `sleep`, `clock` and `jitter` (a number in [0, 1])
-    are there so tests can run without waiting.
+    `report_event` before waiting. When the call is streamed, each retry begins a new
+    attempt of its deltas (`DeltaSink.restart`), which start the reply over. A permanent
+    ChatError, any other exception and cancellation propagate at once. `sleep`, `clock`
+    and `jitter` (a number in [0, 1]) are there so tests can run without waiting.
     """
     _check_settings(max_retries, base_delay, max_delay, deadline)
 
@@ -66,6 +68,10 @@ def with_retry(
                 # Doubling step by step (rather than 2 ** n) cannot overflow for any max_retries.
                 backoff = min(max_delay, backoff * 2)
             await sleep(delay)
+            sink = delta_sink()
+            if sink is not None:
+                # What the failed attempt streamed is not the reply: the retry's starts over.
+                sink.restart()
 
     return chat_with_retry
 

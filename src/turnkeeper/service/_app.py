@@ -326,6 +326,7 @@ class _Api:
             self._readable,
             ping_seconds=self.ping_seconds,
             stopping=self.stopping,
+            watch=self.host.watch_deltas,
         )
 
     async def health(self, request: Request) -> Response:

@@ -19,6 +19,7 @@ from typing import Any
 import msgspec
 
 from turnkeeper.core import MAX_AMOUNT
+from turnkeeper.events import TokenDelta
 from turnkeeper.logs import LARGEST_SEQ
 from turnkeeper.service._limits import Limits
 from turnkeeper.service._schemas import (
@@ -37,6 +38,7 @@ from turnkeeper.service._schemas import (
     SessionPage,
     SessionView,
 )
+from turnkeeper.service._sse import DELTA_EVENT
 from turnkeeper.service._summary import LISTED_STATUSES
 from turnkeeper.sessions import SessionInfo
 
@@ -59,6 +61,7 @@ _RESPONSES = (
     Recheck,
     SessionList,
     SessionView,
+    TokenDelta,
 )
 _INPUT = "Input"
 
@@ -343,7 +346,11 @@ def openapi_document(limits: Limits) -> dict[str, Any]:
                 "(an `Envelope`) as JSON. Reconnect with `Last-Event-ID` (or `after`) to "
                 "resume with no event lost or repeated. Comment lines (`: ping`) keep an idle "
                 "stream open. The stream does not end until the client hangs up or the "
-                "service stops.",
+                "service stops. While it is open, each model call of the session that "
+                "starts is streamed: the fragments of its reply come as `event: delta` "
+                "with a `TokenDelta` as `data:` and no `id:` (they are not logged, and not "
+                "sent again on a reconnect), all before the reply's `local.model_response`. "
+                "A delta with a higher `attempt` (a retry) starts the reply's text over.",
                 parameters=[
                     _SESSION_ID,
                     after,
@@ -458,10 +465,10 @@ def openapi_document(limits: Limits) -> dict[str, Any]:
 
 
 # Each event of the stream, as Open API 3.2's `itemSchema` gives a text/event-stream (and
-# tools read `schema` there before 3.2).
-_SSE_EVENT = {
+# tools read `schema` there before 3.2): a logged event, or a delta of a reply.
+_SSE_LOGGED = {
     "type": "object",
-    "description": "One event of the stream (its fields as an object; comments are not events).",
+    "description": "A logged event: its seq, its type and its envelope.",
     "properties": {
         "id": {"type": "string", "pattern": "^[1-9][0-9]*$", "description": "Its seq."},
         "event": {"type": "string", "description": "Its type."},
@@ -473,6 +480,24 @@ _SSE_EVENT = {
         },
     },
     "required": ["id", "event", "data"],
+}
+_SSE_DELTA = {
+    "type": "object",
+    "description": "A fragment of a model reply as it streams in (never logged, so no id).",
+    "properties": {
+        "event": {"const": DELTA_EVENT},
+        "data": {
+            "type": "string",
+            "contentMediaType": "application/json",
+            "contentSchema": {"$ref": _REF.format(name="TokenDelta")},
+            "description": "The delta, as JSON.",
+        },
+    },
+    "required": ["event", "data"],
+}
+_SSE_EVENT = {
+    "description": "One event of the stream (its fields as an object; comments are not events).",
+    "oneOf": [_SSE_LOGGED, _SSE_DELTA],
 }
 
 _SESSION_ID = {

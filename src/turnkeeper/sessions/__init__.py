@@ -28,7 +28,14 @@ from turnkeeper.sessions._poll import (
     opened_event,
 )
 from turnkeeper.sessions._recheck import Divergence, recheck
-from turnkeeper.sessions._run import Approver, EventCallback, RunResult, TurnGuard, run
+from turnkeeper.sessions._run import (
+    Approver,
+    DeltaCallback,
+    EventCallback,
+    RunResult,
+    TurnGuard,
+    run,
+)
 from turnkeeper.state import SessionState, Status
 from turnkeeper.tools import Tools
 
@@ -38,6 +45,7 @@ __all__ = [
     "Busy",
     "Chat",
     "ChatError",
+    "DeltaCallback",
     "Divergence",
     "EventCallback",
     "FleetHost",

@@ -18,9 +18,9 @@ from typing import Any
 import msgspec
 
 from turnkeeper.core import Chat, ChatError
-from turnkeeper.events import AnyEvent, Envelope
+from turnkeeper.events import AnyEvent, Envelope, TokenDelta
 from turnkeeper.guards import Guard, default_guards
-from turnkeeper.providers import collecting_events
+from turnkeeper.providers import DeltaSink, collecting_events, streaming_to
 from turnkeeper.sessions._inputs import Input, Resume
 from turnkeeper.sessions._poll import begin_poll, build_request, emit, end_poll, failure_events
 from turnkeeper.state import SessionState, approval_request
@@ -47,11 +47,18 @@ class Answer(msgspec.Struct, frozen=True, gc=False):
     failure: ChatError | None
 
 
-async def call_model(chat: Chat, request: dict[str, Any]) -> Called:
-    """Send `request` to `chat`; a ChatError is the outcome's failure, not raised."""
+async def call_model(
+    chat: Chat, request: dict[str, Any], deltas: DeltaSink | None = None
+) -> Called:
+    """Send `request` to `chat`; a ChatError is the outcome's failure, not raised. With
+    `deltas`, a backend that can stream sends the reply's fragments there as they come."""
     with collecting_events() as reported:
         try:
-            response = await chat(request)
+            if deltas is None:
+                response = await chat(request)
+            else:
+                with streaming_to(deltas):
+                    response = await chat(request)
         except ChatError as error:
             return Called(None, error, reported)
     return Called(response, None, reported)
@@ -110,13 +117,15 @@ async def poll_turn(
     *,
     guard: Guard = default_guards,
     clock: Callable[[], float] = time.time,
+    on_delta: Callable[[TokenDelta], object] | None = None,
 ) -> tuple[tuple[Envelope, ...], SessionState]:
     """Advance the session by one model call: apply `input`, run the guards, call `chat`.
 
     Returns the poll's events and the new state. When the model call fails, raises
     ChatError with `events` to log; the given state stays valid (retry the poll).
     A state rebuilt in the middle of a poll (`in_poll`) is finished by `Resume()`:
-    the model call is made again, without applying any input.
+    the model call is made again, without applying any input. With `on_delta`, the call
+    is streamed: `on_delta` gets the reply's fragments as they come (see `run`).
     """
     events: list[Envelope] = []
     request: dict[str, Any] | None
@@ -126,8 +135,9 @@ async def poll_turn(
         events, begun, request = begin_poll(state, input, now=clock(), guard=guard)
     if request is None:
         return tuple(events), begun
+    sink = None if on_delta is None else DeltaSink(on_delta, begun.session_id, begun.seq)
     answered = answer(
-        await call_model(chat, request), begun, guard=guard, clock=clock, failed_after=state
+        await call_model(chat, request, sink), begun, guard=guard, clock=clock, failed_after=state
     )
     if answered.failure is not None:
         answered.failure.events = tuple(answered.events)

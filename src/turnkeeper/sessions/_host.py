@@ -8,8 +8,8 @@ with side effects dedupe).
 
 The Host is made of parts, one module each: the API (here), the session actor
 (`_host_actor`), recovery from the log (`_host_recovery`), sessions at rest
-(`_host_resting`), decisions on calls awaiting approval (`_host_approvals`), and what
-they share (`_host_base`, `_host_records`).
+(`_host_resting`), decisions on calls awaiting approval (`_host_approvals`), streamed
+replies (`_host_deltas`), and what they share (`_host_base`, `_host_records`).
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from turnkeeper.events import AnyEvent, Cancelled, Envelope, MessageQueued, Tool
 from turnkeeper.logs import LARGEST_SEQ, SeqConflict, check_batch
 from turnkeeper.sessions._host_actor import HostActor
 from turnkeeper.sessions._host_approvals import HostApprovals
+from turnkeeper.sessions._host_deltas import HostDeltas
 from turnkeeper.sessions._host_fork import HostForks
 from turnkeeper.sessions._host_records import (
     Busy,
@@ -58,7 +59,7 @@ from turnkeeper.state import SessionState, approval_request, awaiting_approval
 from turnkeeper.tracing import capture_context
 
 
-class Host(HostActor, HostRecovery, HostResting, HostApprovals, HostForks):
+class Host(HostActor, HostRecovery, HostResting, HostApprovals, HostForks, HostDeltas):
     """Runs many sessions in one process: `async with Host(chat=...) as host`.
 
     Each session with work to do is a task in the host's task group (one at rest holds
@@ -438,6 +439,7 @@ class Host(HostActor, HostRecovery, HostResting, HostApprovals, HostForks):
         self._accepting = False
         self._stopping = True
         limit = self.stop_grace if grace is None else grace
+        self._end_deltas()
         for session in self._sessions.values():
             # Long-polls return now, with whatever the log holds.
             if session.changed is not None:

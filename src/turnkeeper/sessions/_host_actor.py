@@ -336,8 +336,11 @@ class HostActor(HostBase):
                 slots.give_back()
                 return
         self._count("model_calls")
+        sink = None
+        if self._watchers:
+            sink = self._delta_sink(session.state.session_id, session.state.seq)
         try:
-            called = await call_model(self.chat, build_request(session.state))
+            called = await call_model(self.chat, build_request(session.state), sink)
         finally:
             if slots is not None:
                 slots.give_back()

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.abc
 import structlog
+from anyio.streams.memory import MemoryObjectSendStream
 
 from turnkeeper.core import (
     Chat,
@@ -27,9 +28,10 @@ from turnkeeper.core import (
     schema_key,
     text_of,
 )
-from turnkeeper.events import AnyEvent, Envelope, ModelResponded
+from turnkeeper.events import AnyEvent, Envelope, ModelResponded, TokenDelta
 from turnkeeper.guards import Guard, default_guards
 from turnkeeper.logs import EventLog, MemoryLog
+from turnkeeper.providers import DeltaSink
 from turnkeeper.sessions._host_records import (
     HostStatus,
     HostStopped,
@@ -169,9 +171,14 @@ class HostBase:
         self._stack: AsyncExitStack | None = None
         self._accepting = False
         self._stopping = False
+        # Subscribers to each watched session's deltas (`HostDeltas`), empty most often,
+        # and the streams `deltas` gives, which a stop ends.
+        self._watchers: dict[str, list[Callable[[TokenDelta], object]]] = {}
+        self._delta_streams: set[MemoryObjectSendStream[TokenDelta]] = set()
 
     if TYPE_CHECKING:
         # The parts' own, which the shared code uses.
+        def _delta_sink(self, session_id: str, after: int) -> DeltaSink | None: ...
         def _spawn(self, session: _Session) -> None: ...
         def _end_task(self, session: _Session) -> None: ...
         async def _read(self, session_id: str) -> _Session: ...

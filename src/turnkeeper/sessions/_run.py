@@ -32,10 +32,12 @@ from turnkeeper.events import (
     Halted,
     McpFailed,
     ModelResponded,
+    TokenDelta,
     ToolCalled,
     ToolReturned,
 )
 from turnkeeper.guards import Guard, default_guards, with_last_result
+from turnkeeper.providers import DeltaSink
 from turnkeeper.sessions._driver import answer, call_model
 from turnkeeper.sessions._inputs import Input, Kickoff, Resume
 from turnkeeper.sessions._normalize import Terminal, TurnResult, normalize
@@ -63,6 +65,10 @@ string halts the run with that message."""
 EventCallback = Callable[[Envelope], Any]
 """Called with each event as it happens; may be async. A timeout or cancel of the run waits
 for the events of a step to be all handed over, so what it records has no gap."""
+
+DeltaCallback = Callable[[TokenDelta], object]
+"""Called with each fragment of a model reply as it streams in (see `TokenDelta`), from the
+model call's task: it must not block (hand the delta on, print it). Not awaited."""
 
 Approver = Callable[[ToolUse], bool | str | Awaitable[bool | str]]
 """Called with each tool call awaiting approval, in call order; may be async. True approves
@@ -171,6 +177,7 @@ async def run(
     guard: Guard = default_guards,
     turn_guard: TurnGuard | None = None,
     on_event: EventCallback | None = None,
+    on_delta: DeltaCallback | None = None,
     timeout: float | None = None,
     history: Sequence[dict[str, Any]] | None = None,
     session_id: str | None = None,
@@ -200,6 +207,10 @@ async def run(
     takes longer fails as a chat error does, logged, and halts the run. A handler's result
     longer than `max_tool_result_chars` is cut, with a note the model reads saying so.
     A tool's own `timeout` bounds its calls instead of `tool_timeout`.
+
+    With `on_delta`, each model call is streamed (by a backend that can stream:
+    OpenAIChat, EmbeddedChat): `on_delta` gets the reply's fragments as they come, each a
+    `TokenDelta`, while `on_event` still gets the whole reply once, as it is logged.
 
     Calls whose tool's `approval` wants it are each given to `approve` before any call
     of their reply runs; a denied call is answered with a tool error saying so. Without
@@ -289,7 +300,10 @@ async def run(
                 await runner.record(begun)
                 events: Sequence[Envelope] = ()
                 if request is not None:
-                    called = await call_model(traced, request)
+                    sink = None
+                    if on_delta is not None:
+                        sink = DeltaSink(on_delta, runner.state.session_id, runner.state.seq)
+                    called = await call_model(traced, request, sink)
                     answered = answer(called, runner.state, guard=guard, clock=clock)
                     await runner.record(answered.events)
                     runner.state = answered.state

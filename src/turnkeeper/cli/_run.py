@@ -17,7 +17,15 @@ from turnkeeper.cli._guards import parse_guards
 from turnkeeper.cli._logs import Recorder
 from turnkeeper.cli._render import result_text, step_line
 from turnkeeper.cli._toolset import example_tools, load_tools
-from turnkeeper.core import AgentSpec, Chat, ChatError, GuardConfig, InputError, SmallModel
+from turnkeeper.core import (
+    AgentSpec,
+    Chat,
+    ChatError,
+    GuardConfig,
+    InputError,
+    SmallModel,
+    wraps_chat,
+)
 from turnkeeper.events import Envelope, encode_envelope
 from turnkeeper.providers import EmbeddedChat, aclose_shared_client
 from turnkeeper.sessions import RunResult, run
@@ -80,7 +88,7 @@ def _announcing(chat: Chat, output: _Output) -> Chat:
         output.model_call()
         return await chat(request)
 
-    return announced
+    return wraps_chat(announced, chat)
 
 
 def exit_code(result: RunResult) -> int:

@@ -9,6 +9,7 @@ from typing import Any, Literal
 import msgspec
 
 from turnkeeper.core._checks import check_seconds
+from turnkeeper.core._compaction import Compaction, check_compaction
 from turnkeeper.core._errors import InputError
 from turnkeeper.core._jsonschema import is_valid, schema_problem
 from turnkeeper.core._pricing import Pricing, add_costs
@@ -159,6 +160,9 @@ class AgentSpec(msgspec.Struct, frozen=True):
     session's spec, in OpenAI's ranges: `temperature` from 0 to 2, `top_p` more than 0 and
     at most 1, `max_tokens` 1 or more, `seed` a 64-bit integer; `stop` is a list of strings.
     `pricing` is the price of `model`, from which each call's cost is computed.
+    `compaction` says when older turns are summarised by the model (see `Compaction`; by
+    default where the backend declares its context window, as the embedded model does);
+    None: never (they are only cut, by the small-model window or the backend).
     """
 
     system_prompt: str = ""
@@ -172,6 +176,7 @@ class AgentSpec(msgspec.Struct, frozen=True):
     stop: tuple[str, ...] | None = None
     mcp_servers: tuple[McpServer, ...] = ()
     pricing: Pricing | None = None
+    compaction: Compaction | None = Compaction()
 
     def __post_init__(self) -> None:
         tools = tuple(self.tools)
@@ -246,6 +251,8 @@ def check_spec(spec: AgentSpec) -> None:
     check these, so a log written before they were checked still reads."""
     if spec.pricing is not None and not isinstance(spec.pricing, Pricing):
         raise InputError(f"spec.pricing: expected a Pricing, got {type(spec.pricing).__name__}")
+    if spec.compaction is not None:
+        check_compaction(spec.compaction, "spec.compaction")
     for index, tool in enumerate(spec.tools):
         _check_name(tool.name, f"spec.tools[{index}].name")
         check_tool(tool, f"spec.tools[{index}]")

@@ -235,10 +235,16 @@ def _openai_tools(tools: tuple[ToolSpec, ...]) -> list[dict[str, Any]]:
     return shaped
 
 
+def prompt_messages(state: SessionState) -> tuple[Message, ...]:
+    """The messages of the state's next model call, before the small-model window cuts
+    them: its history, or, for the answer after a stop, what `answer_messages` gives."""
+    return state.history if state.answering is None else answer_messages(state, state.history)
+
+
 def build_request(state: SessionState) -> dict[str, Any]:
     """The chat request for the state's history. Backends must not mutate it."""
     spec = state.spec
-    history = state.history if state.answering is None else answer_messages(state, state.history)
+    history = prompt_messages(state)
     messages = window(history, state) if state.guards.small_model else list(history)
     request: dict[str, Any] = {
         "model": spec.model,

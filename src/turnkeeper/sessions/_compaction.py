@@ -1,0 +1,215 @@
+"""Compaction's pure half: which older turns of a history a summary would replace, the
+request that asks the model for it, and the events of its outcome.
+
+The driver (`_driver.py`) is the shell: it estimates the history's tokens with the chat
+backend, decides, makes the summary call, and hands the outcome here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import msgspec
+
+from turnkeeper.core import ChatError, Message, degenerate, gist, text_of
+from turnkeeper.events import AnyEvent, Compacted, CompactionFailed, Envelope
+from turnkeeper.sessions._poll import _as_logged, _Log, _storable, check_response, priced
+from turnkeeper.state import SessionState
+
+SUMMARY_LEAD = "Summary of the conversation so far: "
+"""How the message a summary takes the place of older turns with begins."""
+
+SUMMARY_SYSTEM = (
+    "You write short summaries of conversations between a user and an assistant that uses tools."
+)
+SUMMARY_ASK = (
+    "Summarize the conversation above in a few sentences, for the assistant to go on "
+    "from: what the user asked, the facts and numbers the tools returned, what was "
+    "answered, and what is still to do."
+)
+_LINE_CHARS = 600
+"""Longest line of the transcript a summary is asked of (a message, a call, a result)."""
+_CHARS_PER_TOKEN = 4
+"""The transcript is cut to this many characters per token of the budget, oldest lines
+first: a summary call of a history past the budget by far (a long transcript reattached,
+say) still fits the window the budget was made for."""
+
+
+class Plan(msgspec.Struct, frozen=True, gc=False):
+    """A compaction decided on: the summary of `history`'s messages from `start` up to
+    `end` (but those at `kept`), asked for by `request`; `estimated` is the history's
+    tokens, past `budget`."""
+
+    history: tuple[Message, ...]
+    start: int
+    end: int
+    kept: tuple[int, ...]
+    estimated: int
+    budget: int
+    request: dict[str, Any]
+
+    def older(self) -> list[Message]:
+        """The messages the summary is to replace."""
+        kept = self.kept
+        return [
+            message
+            for index, message in enumerate(self.history[self.start : self.end], self.start)
+            if index not in kept
+        ]
+
+
+def older_turns(state: SessionState, keep_recent_turns: int) -> tuple[int, int, tuple[int, ...]]:
+    """`(start, end, kept)`: the history's messages a summary would replace, from `start`
+    (after the system message) up to `end` (where the last `keep_recent_turns` turns
+    begin), but for `kept`, the current request's message if it is among them. A turn
+    begins at each message that is not a tool result: a tool call is never parted from
+    its results. `start == end` when there are no older turns."""
+    history = state.history
+    start = 1 if history and history[0].get("role") == "system" else 0
+    begins = [i for i in range(start, len(history)) if history[i].get("role") != "tool"]
+    if len(begins) <= keep_recent_turns:
+        return start, start, ()
+    end = begins[-keep_recent_turns]
+    request = _request_index(state, end)
+    kept = (request,) if request is not None and request >= start else ()
+    return start, end, kept
+
+
+def _request_index(state: SessionState, before: int) -> int | None:
+    """The index of the current request's user message in the history, if it is before
+    `before` (the last such message: its text may have been sent before)."""
+    request = state.request
+    if request is None:
+        return None
+    history = state.history
+    for index in range(len(history) - 1, -1, -1):
+        message = history[index]
+        if message.get("role") == "user" and text_of(message) == request:
+            return index if index < before else None
+    return None
+
+
+def summary_request(state: SessionState, older: list[Message], budget: int) -> dict[str, Any]:
+    """The request asking the model for a summary of the `older` messages: a transcript
+    of them, cut to fit `budget`, with no tools; the spec's sampling params, but for
+    `max_tokens`, which is the compaction's `summary_tokens`."""
+    compaction = state.spec.compaction
+    assert compaction is not None
+    transcript = _transcript(older, budget * _CHARS_PER_TOKEN)
+    request: dict[str, Any] = {
+        "model": state.spec.model,
+        "messages": [
+            {"role": "system", "content": SUMMARY_SYSTEM},
+            {"role": "user", "content": f"The conversation:\n\n{transcript}\n\n{SUMMARY_ASK}"},
+        ],
+        "tools": [],
+    }
+    request.update(state.spec.sampling())
+    request["max_tokens"] = compaction.summary_tokens
+    return request
+
+
+def _transcript(messages: list[Message], limit: int) -> str:
+    """The messages as lines of a transcript, at most `limit` characters: the oldest lines
+    left out (but an earlier summary, the first) until it fits, saying how many."""
+    names: dict[str, str] = {}
+    lines: list[str] = []
+    for message in messages:
+        role = message.get("role")
+        text = text_of(message) or ""
+        if role == "assistant":
+            if text.strip():
+                lines.append(gist(f"Assistant: {text}", _LINE_CHARS))
+            for call in _calls(message):
+                names[call[0]] = call[1]
+                lines.append(gist(f"Assistant called {call[1]}({call[2]})", _LINE_CHARS))
+        elif role == "tool":
+            name = names.get(str(message.get("tool_call_id")), "a tool")
+            lines.append(gist(f"Result of {name}: {text}", _LINE_CHARS))
+        elif role == "user" and text.startswith(SUMMARY_LEAD):
+            lines.append(gist(f"Earlier: {text[len(SUMMARY_LEAD) :]}", limit // 2))
+        else:
+            lines.append(gist(f"{str(role).capitalize()}: {text}", _LINE_CHARS))
+    pinned = 1 if messages and (text_of(messages[0]) or "").startswith(SUMMARY_LEAD) else 0
+    left_out = 0
+    while len(lines) > pinned + 1 and sum(len(line) + 1 for line in lines) > limit:
+        del lines[pinned]
+        left_out += 1
+    if left_out:
+        lines.insert(pinned, f"({left_out} earlier lines left out)")
+    return "\n".join(lines)
+
+
+def _calls(message: Message) -> list[tuple[str, str, str]]:
+    """The (id, name, arguments) of an assistant message's tool calls, as given."""
+    calls = message.get("tool_calls")
+    found: list[tuple[str, str, str]] = []
+    for call in calls if isinstance(calls, list) else ():
+        function = call.get("function") if isinstance(call, dict) else None
+        if isinstance(function, dict):
+            arguments = function.get("arguments")
+            found.append(
+                (
+                    str(call.get("id")),
+                    str(function.get("name")),
+                    arguments if isinstance(arguments, str) else "",
+                )
+            )
+    return found
+
+
+def compaction_events(
+    plan: Plan,
+    state: SessionState,
+    response: object,
+    failure: ChatError | None,
+    reported: Iterable[AnyEvent],
+    *,
+    now: float,
+) -> tuple[list[Envelope], SessionState]:
+    """The events of the summary call's outcome after `state` (what the backend reported,
+    then `local.compacted`, or `local.compaction_failed` when the call failed, its response
+    is malformed, or its summary is empty or one phrase repeated), and the state they
+    lead to."""
+    log = _Log(state)
+    for event in reported:
+        log.push(event, now)
+
+    def failed(error: str, **fields: Any) -> tuple[list[Envelope], SessionState]:
+        log.push(
+            CompactionFailed(error=error, estimated=plan.estimated, budget=plan.budget, **fields),
+            now,
+        )
+        return log.events, log.state
+
+    if state.history is not plan.history:
+        # Only messages queued may be logged during the call, and they leave the history.
+        return failed("the history changed during the summary call", response=_storable(response))
+    if failure is not None:
+        return failed(failure.message, transient=failure.transient, status=failure.status)
+    try:
+        answered, logged = _as_logged(response)
+        message, _, usage = check_response(answered, call_prefix=f"summary_{state.seq + 1}")
+    except ChatError as error:
+        return failed(error.message, response=_storable(response))
+    usage = priced(usage, state.spec)
+    summary = (text_of(message) or "").strip()
+    if not summary:
+        return failed("the summary was empty", usage=usage, response=answered)
+    if degenerate(summary):
+        return failed("the summary repeats one phrase", usage=usage, response=answered)
+    log.push(
+        Compacted(
+            start=plan.start,
+            end=plan.end,
+            kept=plan.kept,
+            message={"role": "user", "content": SUMMARY_LEAD + summary},
+            estimated=plan.estimated,
+            budget=plan.budget,
+            response=logged,
+            usage=usage,
+        ),
+        now,
+    )
+    return log.events, log.state

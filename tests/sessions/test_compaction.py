@@ -76,7 +76,7 @@ async def step(n: int) -> str:
 
 
 def is_summary_request(request: dict[str, Any]) -> bool:
-    return request["tools"] == []
+    return not request["tools"]
 
 
 class Ledger:
@@ -163,16 +163,16 @@ async def test_run_summarises_older_turns_past_the_budget_and_replay_rebuilds_th
         assert "Result of step: step" in request["messages"][-1]["content"]
     # The summary took the place of the older turns: the request follows it, then the
     # turns kept. The next model call is sent exactly that.
-    first = next(e for e in result.events if isinstance(e.event, Compacted))
+    at = next(e.seq for e in result.events if isinstance(e.event, Compacted))
     after = main_requests(chat)[
-        sum(isinstance(e.event, ModelResponded) for e in result.events if e.seq < first.seq)
+        sum(isinstance(e.event, ModelResponded) for e in result.events if e.seq < at)
     ]
     messages = after["messages"]
     assert messages[0] == {"role": "system", "content": SPEC.system_prompt}
-    assert messages[1] == first.event.message
+    assert messages[1] == compactions[0].message
     assert messages[2] == {"role": "user", "content": "take 8 steps"}
     assert [m["role"] for m in messages[3:]] == ["assistant", "tool", "assistant", "tool"]
-    assert approx_tokens(messages, []) < first.event.estimated
+    assert approx_tokens(messages, []) < compactions[0].estimated
     # The history is the compacted one; the log rebuilds it with no model call, and the
     # guards re-derive every event from it, under the logged guards and others.
     history = result.state.history
@@ -207,7 +207,8 @@ async def test_the_default_budget_is_half_the_window_a_backend_declares() -> Non
     result = await run(spec, "take 8 steps", declared, tools={"step": step})
     assert result.text == "finished 8 steps"
     compactions = events_of(result.events, Compacted)
-    assert compactions and {c.budget for c in compactions} == {400}
+    assert compactions
+    assert {c.budget for c in compactions} == {400}
     # A backend wrapped (retries here) still declares it.
     wrapped = Ledger(window=800)
     result = await run(spec, "take 8 steps", with_retry(wrapped), tools={"step": step})
@@ -219,6 +220,44 @@ async def test_the_default_budget_is_half_the_window_a_backend_declares() -> Non
     # ScriptedChat declares the window it is given.
     assert ScriptedChat([], context_window=800).context_window == 800
     assert ScriptedChat([]).context_window is None
+
+
+async def test_the_summary_request_of_a_long_transcript_is_cut_to_fit() -> None:
+    # A transcript of 30 steps reattached: far past the budget, and so its summary request
+    # would be, but for its oldest lines left out (an earlier summary is kept).
+    earlier = {"role": "user", "content": f"{SUMMARY_LEAD}The user wants steps; steps done: 2."}
+    history: list[dict[str, Any]] = [{"role": "system", "content": "Take the steps."}, earlier]
+    for n in range(3, 33):
+        history += [
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": f"step-{n}",
+                        "type": "function",
+                        "function": {"name": "step", "arguments": f'{{"n": {n}}}'},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": f"step-{n}", "content": step_result(n)},
+        ]
+    chat = Ledger()
+    result = await run(SPEC, "take 34 steps", chat, tools={"step": step}, history=history)
+    assert result.text == "finished 34 steps"
+    first = next(request for request in chat.requests if is_summary_request(request))
+    assert approx_tokens(first["messages"], []) <= 400
+    text = first["messages"][-1]["content"]
+    lines = text.split("\n")
+    assert lines[2] == "Earlier: The user wants steps; steps done: 2."
+    left_out = re.fullmatch(r"\((\d+) earlier lines left out\)", lines[3])
+    assert left_out is not None
+    # Each older step (3 to 31: the last is a turn kept, as is the request) is two lines,
+    # its call and its result: the oldest were left out, the newest shown.
+    shown = lines[4:-2]
+    assert int(left_out.group(1)) + len(shown) == 2 * 29
+    assert shown[-1] == f"Result of step: {step_result(31)}".rstrip()
+    assert replay(result.events) == result.state
 
 
 async def test_a_backend_s_own_estimate_decides() -> None:
@@ -423,12 +462,12 @@ def test_compaction_settings_are_checked_naming_the_field() -> None:
     for compaction, field in (
         (Compaction(budget_tokens=0), "spec.compaction.budget_tokens"),
         (Compaction(keep_recent_turns=0), "spec.compaction.keep_recent_turns"),
-        (Compaction(summary_tokens=True), "spec.compaction.summary_tokens"),  # type: ignore[arg-type]
+        (Compaction(summary_tokens=True), "spec.compaction.summary_tokens"),
     ):
         with pytest.raises(InputError, match=f"^{re.escape(field)}: expected"):
             check_spec(AgentSpec(compaction=compaction))
     with pytest.raises(InputError, match=r"^spec.compaction: expected a Compaction or None"):
         check_spec(AgentSpec(compaction={"budget_tokens": 5}))  # type: ignore[arg-type]
-    with pytest.raises(InputError, match="spec.compaction.budget_tokens"):
+    with pytest.raises(InputError, match=r"^spec\.compaction\.budget_tokens"):
         open_session(AgentSpec(compaction=Compaction(budget_tokens=-1)))
-    assert AgentSpec().compaction == Compaction(None, 4, 256)
+    assert AgentSpec().compaction == Compaction(None, 4, 128)

@@ -31,7 +31,7 @@ class Compaction(msgspec.Struct, frozen=True):
 
     budget_tokens: int | None = None
     keep_recent_turns: int = 4
-    summary_tokens: int = 256
+    summary_tokens: int = 128
 
 
 def check_compaction(compaction: object, where: str) -> None:

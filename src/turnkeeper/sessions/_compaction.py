@@ -7,6 +7,7 @@ backend, decides, makes the summary call, and hands the outcome here.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -30,10 +31,6 @@ SUMMARY_ASK = (
 )
 _LINE_CHARS = 600
 """Longest line of the transcript a summary is asked of (a message, a call, a result)."""
-_CHARS_PER_TOKEN = 4
-"""The transcript is cut to this many characters per token of the budget, oldest lines
-first: a summary call of a history past the budget by far (a long transcript reattached,
-say) still fits the window the budget was made for."""
 
 
 class Plan(msgspec.Struct, frozen=True, gc=False):
@@ -90,29 +87,30 @@ def _request_index(state: SessionState, before: int) -> int | None:
     return None
 
 
-def summary_request(state: SessionState, older: list[Message], budget: int) -> dict[str, Any]:
-    """The request asking the model for a summary of the `older` messages: a transcript
-    of them, cut to fit `budget`, with no tools; the spec's sampling params, but for
-    `max_tokens`, which is the compaction's `summary_tokens`."""
-    compaction = state.spec.compaction
-    assert compaction is not None
-    transcript = _transcript(older, budget * _CHARS_PER_TOKEN)
-    request: dict[str, Any] = {
-        "model": state.spec.model,
-        "messages": [
-            {"role": "system", "content": SUMMARY_SYSTEM},
-            {"role": "user", "content": f"The conversation:\n\n{transcript}\n\n{SUMMARY_ASK}"},
-        ],
-        "tools": [],
-    }
-    request.update(state.spec.sampling())
-    request["max_tokens"] = compaction.summary_tokens
-    return request
+class Transcript(msgspec.Struct, frozen=True, gc=False):
+    """The older messages as lines of a transcript; the first `pinned` (an earlier summary)
+    are never left out."""
+
+    lines: tuple[str, ...]
+    pinned: int
+
+    @property
+    def droppable(self) -> int:
+        """How many lines may be left out: all but the pinned ones and the last."""
+        return max(len(self.lines) - self.pinned - 1, 0)
+
+    def text(self, dropped: int) -> str:
+        """The transcript with its `dropped` oldest lines left out (but the pinned ones),
+        saying so."""
+        lines = list(self.lines)
+        if dropped:
+            lines[self.pinned : self.pinned + dropped] = [f"({dropped} earlier lines left out)"]
+        return "\n".join(lines)
 
 
-def _transcript(messages: list[Message], limit: int) -> str:
-    """The messages as lines of a transcript, at most `limit` characters: the oldest lines
-    left out (but an earlier summary, the first) until it fits, saying how many."""
+def transcript(messages: list[Message]) -> Transcript:
+    """The messages as lines: what each said, each call made, each result, each cut to
+    `_LINE_CHARS`; an earlier summary whole (it is no longer than its summary tokens)."""
     names: dict[str, str] = {}
     lines: list[str] = []
     for message in messages:
@@ -121,24 +119,37 @@ def _transcript(messages: list[Message], limit: int) -> str:
         if role == "assistant":
             if text.strip():
                 lines.append(gist(f"Assistant: {text}", _LINE_CHARS))
-            for call in _calls(message):
-                names[call[0]] = call[1]
-                lines.append(gist(f"Assistant called {call[1]}({call[2]})", _LINE_CHARS))
+            for call_id, name, arguments in _calls(message):
+                names[call_id] = name
+                lines.append(gist(f"Assistant called {name}({arguments})", _LINE_CHARS))
         elif role == "tool":
             name = names.get(str(message.get("tool_call_id")), "a tool")
             lines.append(gist(f"Result of {name}: {text}", _LINE_CHARS))
         elif role == "user" and text.startswith(SUMMARY_LEAD):
-            lines.append(gist(f"Earlier: {text[len(SUMMARY_LEAD) :]}", limit // 2))
+            lines.append(" ".join(f"Earlier: {text[len(SUMMARY_LEAD) :]}".split()))
         else:
             lines.append(gist(f"{str(role).capitalize()}: {text}", _LINE_CHARS))
     pinned = 1 if messages and (text_of(messages[0]) or "").startswith(SUMMARY_LEAD) else 0
-    left_out = 0
-    while len(lines) > pinned + 1 and sum(len(line) + 1 for line in lines) > limit:
-        del lines[pinned]
-        left_out += 1
-    if left_out:
-        lines.insert(pinned, f"({left_out} earlier lines left out)")
-    return "\n".join(lines)
+    return Transcript(tuple(lines), pinned)
+
+
+def summary_request(state: SessionState, text: str) -> dict[str, Any]:
+    """The request asking the model for a summary of the transcript `text`, with no tools;
+    the spec's sampling params, but for `max_tokens`, which is the compaction's
+    `summary_tokens`."""
+    compaction = state.spec.compaction
+    assert compaction is not None
+    request: dict[str, Any] = {
+        "model": state.spec.model,
+        "messages": [
+            {"role": "system", "content": SUMMARY_SYSTEM},
+            {"role": "user", "content": f"The conversation:\n\n{text}\n\n{SUMMARY_ASK}"},
+        ],
+        "tools": [],
+    }
+    request.update(state.spec.sampling())
+    request["max_tokens"] = compaction.summary_tokens
+    return request
 
 
 def _calls(message: Message) -> list[tuple[str, str, str]]:
@@ -157,6 +168,17 @@ def _calls(message: Message) -> list[tuple[str, str, str]]:
                 )
             )
     return found
+
+
+def _whole_sentences(text: str) -> str:
+    """`text`, cut off by the token limit, without its last sentence if that one is cut
+    short (when whole ones come before it): measured on SmolLM2-135M, a summary ending
+    "The user then asked what is 100 plus" had it answer that instead of the request."""
+    ends = [found.end() for found in _SENTENCE_END.finditer(text)]
+    return text[: ends[-1]].rstrip() if ends else text
+
+
+_SENTENCE_END = re.compile(r"[.!?](?=\s|$)")
 
 
 def compaction_events(
@@ -190,11 +212,15 @@ def compaction_events(
         return failed(failure.message, transient=failure.transient, status=failure.status)
     try:
         answered, logged = _as_logged(response)
-        message, _, usage = check_response(answered, call_prefix=f"summary_{state.seq + 1}")
+        message, finish_reason, usage = check_response(
+            answered, call_prefix=f"summary_{state.seq + 1}"
+        )
     except ChatError as error:
         return failed(error.message, response=_storable(response))
     usage = priced(usage, state.spec)
     summary = (text_of(message) or "").strip()
+    if finish_reason == "length":
+        summary = _whole_sentences(summary)
     if not summary:
         return failed("the summary was empty", usage=usage, response=answered)
     if degenerate(summary):

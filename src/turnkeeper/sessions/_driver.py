@@ -26,7 +26,14 @@ from turnkeeper.core import Chat, ChatError, context_window, estimate_tokens
 from turnkeeper.events import AnyEvent, Envelope
 from turnkeeper.guards import Guard, default_guards
 from turnkeeper.providers import collecting_events
-from turnkeeper.sessions._compaction import Plan, compaction_events, older_turns, summary_request
+from turnkeeper.sessions._compaction import (
+    Plan,
+    Transcript,
+    compaction_events,
+    older_turns,
+    summary_request,
+    transcript,
+)
 from turnkeeper.sessions._inputs import Input, Resume
 from turnkeeper.sessions._poll import (
     begin_poll,
@@ -106,9 +113,9 @@ async def plan_compaction(chat: Chat, state: SessionState) -> Plan | None:
     compaction = state.spec.compaction
     if compaction is None or state.compaction_failed:
         return None
+    window = context_window(chat)
     budget = compaction.budget_tokens
     if budget is None:
-        window = context_window(chat)
         if window is None:
             return None
         budget = window // 2
@@ -120,7 +127,34 @@ async def plan_compaction(chat: Chat, state: SessionState) -> Plan | None:
     older = plan.older()
     if not older or await estimate_tokens(chat, older) <= 2 * compaction.summary_tokens:
         return None
-    return msgspec.structs.replace(plan, request=summary_request(state, older, budget))
+    # The summary call fits the window with its reply, as the history was to fit the budget.
+    room = budget if window is None else min(budget, window - compaction.summary_tokens)
+    request = await _summary_request(chat, state, transcript(older), room)
+    return msgspec.structs.replace(plan, request=request)
+
+
+async def _summary_request(
+    chat: Chat, state: SessionState, lines: Transcript, room: int
+) -> dict[str, Any]:
+    """The summary request, the fewest of its transcript's oldest lines left out that make
+    its messages fit `room` tokens as `chat` estimates them (all that may go, if even that
+    is not enough: the call then fails as too long, and says so)."""
+
+    async def fits(dropped: int) -> bool:
+        messages = summary_request(state, lines.text(dropped))["messages"]
+        return await estimate_tokens(chat, messages) <= room
+
+    if await fits(0):
+        return summary_request(state, lines.text(0))
+    # Fewer lines never count more tokens.
+    low, high = 1, lines.droppable
+    while low < high:
+        middle = (low + high) // 2
+        if await fits(middle):
+            high = middle
+        else:
+            low = middle + 1
+    return summary_request(state, lines.text(high))
 
 
 def compacted(

@@ -101,9 +101,9 @@ async def test_the_model_writes_the_summary_of_older_turns(chat: EmbeddedChat) -
     result = await run(
         spec, "And what is 42 plus 8?", chat, tools={"add": add}, history=history, max_turns=4
     )
-    compactions = [e.event for e in result.events if isinstance(e.event, Compacted)]
-    assert [e.type for e in result.events if "compact" in e.type] == ["local.compacted"]
-    (compacted,) = compactions
+    # The first poll summarises the transcript (later ones may again: the budget is small).
+    compacted = next(e.event for e in result.events if "compact" in e.type)
+    assert isinstance(compacted, Compacted)
     assert (compacted.start, compacted.end, compacted.kept) == (1, len(history), ())
     assert compacted.estimated > 150
     summary = text_of(compacted.message) or ""
@@ -115,7 +115,9 @@ async def test_the_model_writes_the_summary_of_older_turns(chat: EmbeddedChat) -
     words = set(re.findall(r"[A-Za-z]{4,}|\d+", written))
     assert words & {"Lyon", "Paris", "Tom", "Ada", "trip", "brother", "42", "plus"}
     assert compacted.usage.completion_tokens <= 64
-    assert result.state.history[:3] == (
+    first_call = next(e for e in result.events if e.type == "local.model_response")
+    assert first_call.seq > next(e.seq for e in result.events if e.event is compacted)
+    assert replay(result.events[: first_call.seq - 1]).history == (
         history[0],
         compacted.message,
         {"role": "user", "content": "And what is 42 plus 8?"},

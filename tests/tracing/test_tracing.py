@@ -91,6 +91,11 @@ def attrs(span: ReadableSpan) -> dict[str, Any]:
     return dict(span.attributes or {})
 
 
+def attrs_of(event: Any) -> dict[str, Any]:
+    """A span event's attributes."""
+    return dict(event.attributes or {})
+
+
 def run_script(code: str, env: dict[str, str] | None = None) -> str:
     """Run `code` in a fresh interpreter and return its stdout."""
     done = subprocess.run(
@@ -347,9 +352,7 @@ async def test_a_summary_of_older_turns_is_a_chat_span_and_a_span_event(
     finished = spans.get_finished_spans()
     assert len(by_operation(finished, "chat")) == 4
     [agent] = by_operation(finished, "invoke_agent")
-    [compacted] = [
-        dict(e.attributes or {}) for e in agent.events if e.name == "turnkeeper.compacted"
-    ]
+    [compacted] = [attrs_of(e) for e in agent.events if e.name == "turnkeeper.compacted"]
     assert compacted["turnkeeper.compaction.budget_tokens"] == 100
     assert compacted["turnkeeper.compaction.estimated_tokens"] > 100
     assert compacted["turnkeeper.compaction.messages"] == 2  # the first call and its result

@@ -88,32 +88,41 @@ def _request_index(state: SessionState, before: int) -> int | None:
 
 
 class Transcript(msgspec.Struct, frozen=True, gc=False):
-    """The older messages as lines of a transcript; the first `pinned` (an earlier summary)
-    are never left out."""
+    """The older messages as lines of a transcript; those at `pinned` (an earlier summary,
+    the current request) are never left out."""
 
     lines: tuple[str, ...]
-    pinned: int
+    pinned: frozenset[int]
 
     @property
     def droppable(self) -> int:
         """How many lines may be left out: all but the pinned ones and the last."""
-        return max(len(self.lines) - self.pinned - 1, 0)
+        return max(len(self.lines) - len(self.pinned | {len(self.lines) - 1}), 0)
 
     def text(self, dropped: int) -> str:
         """The transcript with its `dropped` oldest lines left out (but the pinned ones),
-        saying so."""
-        lines = list(self.lines)
-        if dropped:
-            lines[self.pinned : self.pinned + dropped] = [f"({dropped} earlier lines left out)"]
+        saying so where they were."""
+        lines: list[str] = []
+        left = dropped
+        for index, line in enumerate(self.lines):
+            if left and index not in self.pinned:
+                if left == dropped:
+                    lines.append(f"({dropped} earlier lines left out)")
+                left -= 1
+                continue
+            lines.append(line)
         return "\n".join(lines)
 
 
-def transcript(messages: list[Message]) -> Transcript:
+def transcript(messages: list[Message], kept: frozenset[int]) -> Transcript:
     """The messages as lines: what each said, each call made, each result, each cut to
-    `_LINE_CHARS`; an earlier summary whole (it is no longer than its summary tokens)."""
+    `_LINE_CHARS`; an earlier summary whole (it is no longer than its summary tokens). The
+    lines of an earlier summary and of the messages at `kept` (positions in `messages`)
+    are pinned."""
     names: dict[str, str] = {}
     lines: list[str] = []
-    for message in messages:
+    pinned: set[int] = set()
+    for position, message in enumerate(messages):
         role = message.get("role")
         text = text_of(message) or ""
         if role == "assistant":
@@ -126,11 +135,13 @@ def transcript(messages: list[Message]) -> Transcript:
             name = names.get(str(message.get("tool_call_id")), "a tool")
             lines.append(gist(f"Result of {name}: {text}", _LINE_CHARS))
         elif role == "user" and text.startswith(SUMMARY_LEAD):
+            pinned.add(len(lines))
             lines.append(" ".join(f"Earlier: {text[len(SUMMARY_LEAD) :]}".split()))
         else:
+            if position in kept:
+                pinned.add(len(lines))
             lines.append(gist(f"{str(role).capitalize()}: {text}", _LINE_CHARS))
-    pinned = 1 if messages and (text_of(messages[0]) or "").startswith(SUMMARY_LEAD) else 0
-    return Transcript(tuple(lines), pinned)
+    return Transcript(tuple(lines), frozenset(pinned))
 
 
 def summary_request(state: SessionState, text: str) -> dict[str, Any]:

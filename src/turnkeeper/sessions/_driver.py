@@ -129,7 +129,9 @@ async def plan_compaction(chat: Chat, state: SessionState) -> Plan | None:
         return None
     # The summary call fits the window with its reply, as the history was to fit the budget.
     room = budget if window is None else min(budget, window - compaction.summary_tokens)
-    request = await _summary_request(chat, state, transcript(older), room)
+    # The transcript holds the request kept too: what the turns were for.
+    lines = transcript(list(state.history[start:end]), frozenset(i - start for i in kept))
+    request = await _summary_request(chat, state, lines, room)
     return msgspec.structs.replace(plan, request=request)
 
 

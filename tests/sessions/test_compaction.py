@@ -161,6 +161,8 @@ async def test_run_summarises_older_turns_past_the_budget_and_replay_rebuilds_th
         assert compacted.message["content"].startswith(SUMMARY_LEAD + "The user wants steps")
         assert request["max_tokens"] == 20
         assert "Result of step: step" in request["messages"][-1]["content"]
+        # What the turns were for: the request, kept after the summary, is in its transcript.
+        assert "\nUser: take 8 steps\n" in request["messages"][-1]["content"]
     # The summary took the place of the older turns: the request follows it, then the
     # turns kept. The next model call is sent exactly that.
     at = next(e.seq for e in result.events if isinstance(e.event, Compacted))

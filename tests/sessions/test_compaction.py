@@ -251,12 +251,12 @@ async def test_the_summary_request_of_a_long_transcript_is_cut_to_fit() -> None:
     assert approx_tokens(first["messages"], []) <= 400
     text = first["messages"][-1]["content"]
     lines = text.split("\n")
-    assert lines[2] == "Earlier: The user wants steps; steps done: 2."
-    left_out = re.fullmatch(r"\((\d+) earlier lines left out\)", lines[3])
+    assert lines[2:4] == ['"""', "Earlier: The user wants steps; steps done: 2."]
+    left_out = re.fullmatch(r"\((\d+) earlier lines left out\)", lines[4])
     assert left_out is not None
     # Each older step (3 to 31: the last is a turn kept, as is the request) is two lines,
     # its call and its result: the oldest were left out, the newest shown.
-    shown = lines[4:-2]
+    shown = lines[5:-3]
     assert int(left_out.group(1)) + len(shown) == 2 * 29
     assert shown[-1] == f"Result of step: {step_result(31)}".rstrip()
     assert replay(result.events) == result.state

@@ -25,10 +25,19 @@ SUMMARY_SYSTEM = (
     "You write short summaries of conversations between a user and an assistant that uses tools."
 )
 SUMMARY_ASK = (
-    "Summarize the conversation above in a few sentences, for the assistant to go on "
-    "from: what the user asked, the facts and numbers the tools returned, what was "
-    "answered, and what is still to do."
+    "Summarize this conversation between a user and an assistant that uses tools, in "
+    "three sentences: what the user asked, the facts and numbers the tools returned, and "
+    "what is still to do."
 )
+SUMMARY_END = (
+    "In three sentences, say what the user asked, the facts and numbers the tools "
+    "returned, and what is still to do:"
+)
+"""The summary request asks first, then quotes the transcript, then asks again. Measured
+on SmolLM2-135M summarising 2, 4, 6 and 8 sums with facts of a trip (tokens greedy):
+asked only after the transcript, it went on writing the transcript from 4 sums up (one
+line over and over at 6 and 8); asked before it and again after, as here, it wrote prose
+each time, holding the sums' numbers at 4, 6 and 8."""
 _LINE_CHARS = 600
 """Longest line of the transcript a summary is asked of (a message, a call, a result)."""
 
@@ -154,7 +163,7 @@ def summary_request(state: SessionState, text: str) -> dict[str, Any]:
         "model": state.spec.model,
         "messages": [
             {"role": "system", "content": SUMMARY_SYSTEM},
-            {"role": "user", "content": f"The conversation:\n\n{text}\n\n{SUMMARY_ASK}"},
+            {"role": "user", "content": f'{SUMMARY_ASK}\n\n"""\n{text}\n"""\n\n{SUMMARY_END}'},
         ],
         "tools": [],
     }

@@ -127,8 +127,9 @@ async def plan_compaction(chat: Chat, state: SessionState) -> Plan | None:
     older = plan.older()
     if not older or await estimate_tokens(chat, older) <= 2 * compaction.summary_tokens:
         return None
-    # The summary call fits the window with its reply, as the history was to fit the budget.
-    room = budget if window is None else min(budget, window - compaction.summary_tokens)
+    # The summary call may take the window, but for its reply and a quarter kept for what
+    # an estimate misses (a chat template's tokens); of a window not known, the budget.
+    room = budget if window is None else (window - compaction.summary_tokens) * 3 // 4
     # The transcript holds the request kept too: what the turns were for.
     lines = transcript(list(state.history[start:end]), frozenset(i - start for i in kept))
     request = await _summary_request(chat, state, lines, room)

@@ -18,6 +18,8 @@ from turnkeeper.events import (
     Cancelled,
     ChatFailed,
     ChatRetried,
+    Compacted,
+    CompactionFailed,
     DirectiveInjected,
     DuplicateToolCall,
     Envelope,
@@ -76,6 +78,25 @@ EVENTS: list[tuple[AnyEvent, str]] = [
     (Cancelled("the user asked"), "cancelled: the user asked"),
     (Failed("crashed 4 times"), "failed: crashed 4 times"),
     (Forked("local_origin", 7), "forked from session local_origin at seq 7"),
+    (
+        Compacted(
+            1,
+            9,
+            (3,),
+            {"role": "user", "content": "Summary of the conversation so far: 17 * 23 = 391."},
+            2210,
+            2048,
+            msgspec.Raw(b"{}"),
+            Usage(600, 20),
+        ),
+        "compacted: 7 older messages summarised (~2210 tokens, over the 2048 budget): "
+        "Summary of the conversation so far: 17 * 23 = 391.",
+    ),
+    (
+        CompactionFailed("HTTP 400: too long", 2210, 2048),
+        "compaction failed (~2210 tokens, over the 2048 budget): HTTP 400: too long; "
+        "the history is cut instead",
+    ),
     (
         ModelResponded(
             msgspec.Raw(b"{}"),

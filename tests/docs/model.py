@@ -5,6 +5,10 @@ Each request is answered from the plan of its latest user message that names one
 directives are user messages too, and name none): the plan's tool calls in turn, one per
 model call, then its answer. A prompt with no plan gets an HTTP 400 naming it, so an
 example added with a new prompt fails until its plan is written here.
+
+Asked for a summary of older turns (turnkeeper's summary request), it names the request
+the transcript shows and counts the calls made, and a summary in the history counts in
+the calls a plan has made.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import h11
 
 from tests.providers.openai_server import Behaviour, ChatServer, Reply
 from turnkeeper.providers import text_response, tool_response
+from turnkeeper.sessions._compaction import SUMMARY_LEAD, SUMMARY_SYSTEM
 
 
 @dataclass(frozen=True)
@@ -89,6 +94,10 @@ PLANS: dict[str, Plan] = {
         repaired='{{"city": "Oslo", "celsius": 12, "conditions": "rain"}}',
     ),
     "Weather in Rome, as JSON?": Plan(answer='{{"city": "Rome", "celsius": 21}}'),
+    "Read the five chapters.": Plan(
+        calls=tuple(("read_chapter", {"n": n}) for n in range(1, 6)),
+        answer="I read all five chapters.",
+    ),
 }
 
 
@@ -107,9 +116,24 @@ _OUTPUT_REPAIR = "Your answer could not be used: "
 """How the output guard's directive begins (turnkeeper.guards.typed_output)."""
 
 
+_CALLS_MADE = re.compile(r"calls made: (\d+)")
+
+
+def summary(transcript: str) -> dict[str, Any]:
+    """The reply to a summary request of `transcript`: the last request it shows, and the
+    calls made (an earlier summary's count, and the calls it shows)."""
+    earlier = _CALLS_MADE.search(transcript)
+    made = (int(earlier[1]) if earlier else 0) + transcript.count("\nAssistant called ")
+    asked = re.findall(r"^User: (.*)$", transcript, re.MULTILINE)
+    what = f"The user asked: {asked[-1]} " if asked else ""
+    return text_response(f"{what}Tool calls made: {made}.", usage=(60, 12))
+
+
 def answer(request: dict[str, Any], ids: itertools.count[int]) -> tuple[int, dict[str, Any]]:
     """The status and body that answer a chat-completions request by its prompt's plan."""
     messages: list[dict[str, Any]] = request.get("messages", [])
+    if messages and _text(messages[0]) == SUMMARY_SYSTEM:
+        return 200, summary(_text(messages[-1]))
     if request.get("tool_choice") == "none" and messages:
         quoted = _ANSWER_AFTER_STOP.search(_text(messages[-1]))
         if quoted is not None and quoted["prompt"] in PLANS:
@@ -132,6 +156,10 @@ def answer(request: dict[str, Any], ids: itertools.count[int]) -> tuple[int, dic
     made = sum(
         1 for message in since if message.get("role") == "assistant" and message.get("tool_calls")
     )
+    for message in messages[:start]:
+        said = _text(message)
+        counted = _CALLS_MADE.search(said) if said.startswith(SUMMARY_LEAD) else None
+        made += int(counted[1]) if counted else 0
     results = [_text(message) for message in since if message.get("role") == "tool"]
     offered = {tool["function"]["name"] for tool in request.get("tools") or ()}
     if plan.calls and (made < len(plan.calls) or plan.forever):

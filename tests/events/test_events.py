@@ -22,6 +22,8 @@ from turnkeeper.events._events import (
     Cancelled,
     ChatFailed,
     ChatRetried,
+    Compacted,
+    CompactionFailed,
     DirectiveInjected,
     DuplicateToolCall,
     Envelope,
@@ -69,6 +71,8 @@ TAGS: dict[type[Event], str] = {
     Forked: "local.forked",
     McpFailed: "local.mcp_error",
     ReplyReplaced: "local.reply_replaced",
+    Compacted: "local.compacted",
+    CompactionFailed: "local.compaction_failed",
 }
 
 SPEC = AgentSpec(
@@ -141,6 +145,27 @@ EXAMPLES: list[AnyEvent] = [
         tool_call_id="call_4",
     ),
     MessageQueued(text="and then?"),
+    Compacted(
+        start=1,
+        end=6,
+        kept=(3,),
+        message={"role": "user", "content": "Summary of the conversation so far: 17 * 23 = 391."},
+        estimated=2100,
+        budget=2048,
+        response=msgspec.Raw(
+            msgspec.json.encode(
+                {"choices": [{"message": {"role": "assistant", "content": "17 * 23 = 391."}}]}
+            )
+        ),
+        usage=Usage(900, 12),
+    ),
+    CompactionFailed(
+        error="the summary was empty",
+        estimated=2100,
+        budget=2048,
+        usage=Usage(900, 0),
+        response={"choices": [{"message": {"role": "assistant", "content": ""}}]},
+    ),
 ]
 
 

@@ -9,6 +9,9 @@ model whose behaviour the prompt's first word picks:
 - `steps N`: makes N slow `lookup` calls (a few tenths of a second each), then answers;
 - `ask`: asks the person running the session (`ask_human`, run by the orchestrator);
 - `down`: the model is unreachable (every call fails as a transient error);
+- `long N`: makes N `lookup` calls, counting those done from the results it is sent and
+  from the summary of older turns (asked for one, a request without tools, it says how
+  many lookups the transcript shows done);
 - anything else: answers at once.
 """
 
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from functools import partial
 from typing import Any
@@ -39,11 +43,18 @@ ASK_HUMAN = ToolSpec(
 SPEC = AgentSpec(system_prompt="Look things up; ask when unsure.", tools=(LOOKUP, ASK_HUMAN))
 MARKUP = '<script>window.__pwned = 1</script><img src="x" onerror="window.__pwned = 2">'
 STEP_SECONDS = 0.4
+_DONE = re.compile(r"(\d+) lookups done")
 
 
 async def chat(request: dict[str, Any]) -> dict[str, Any]:
     """The scripted model (see the module docstring)."""
     messages = request["messages"]
+    if not request["tools"]:
+        transcript = messages[-1]["content"]
+        earlier = _DONE.search(transcript)
+        done_before = int(earlier.group(1)) if earlier else 0
+        count = done_before + transcript.count("Result of lookup:")
+        return text_response(f"The user asked for lookups; {count} lookups done.", usage=(60, 12))
     last = max(i for i, message in enumerate(messages) if message["role"] == "user")
     prompt = messages[last]["content"]
     done = [m for m in messages[last + 1 :] if m["role"] == "tool"]
@@ -59,6 +70,12 @@ async def chat(request: dict[str, Any]) -> dict[str, Any]:
         return tool_response(("lookup", {"key": f"step-{len(done)}"}, call_id), usage=(30, 5))
     if word == "ask" and not done:
         return tool_response(("ask_human", {"question": rest or "which one?"}, call_id))
+    if word == "long":
+        summarised = [_DONE.search(m["content"]) for m in messages if m["role"] == "user"]
+        count = sum(int(found.group(1)) for found in summarised if found) + len(done)
+        if count < int(rest):
+            return tool_response(("lookup", {"key": f"part-{count}"}, call_id), usage=(30, 5))
+        return text_response(f"looked up {count} parts", usage=(30, 4))
     if word == "down":
         raise ChatError("connection refused", transient=True)
     results = ", ".join(str(m["content"]) for m in done)

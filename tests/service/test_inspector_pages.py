@@ -378,3 +378,30 @@ def test_turnkeeper_ui_reads_the_log_turnkeeper_serve_writes(
         page.goto("about:blank")  # before its server stops, the tail would reconnect to it
         ui.send_signal(signal.SIGINT)
         assert ui.wait(timeout=30) == 0
+
+
+def test_a_summary_of_older_turns_shows_in_the_timeline(
+    server: ServerProcess, watched: Watched
+) -> None:
+    spec = {
+        **SPEC,
+        "compaction": {"budget_tokens": 100, "keep_recent_turns": 2, "summary_tokens": 10},
+    }
+    with server.client() as client:
+        response = client.post(
+            "/v1/sessions", json={"spec": spec, "prompt": "long 6", "session_id": "long-task-9d41"}
+        )
+        assert response.status_code == 201, response.text
+        assert settled(client, "long-task-9d41")["text"] == "looked up 6 parts"
+    page = watched.page
+    visit(page, server, "/ui/sessions/long-task-9d41")
+    summaries = page.locator("#timeline .kind-compacted")
+    expect(summaries.first.locator(".title")).to_have_text("Older turns summarised")
+    expect(summaries.first.locator(".meta")).to_contain_text("over the 100 budget · 60 in · 12 out")
+    expect(summaries.first.locator(".event-body")).to_contain_text(
+        "Summary of the conversation so far: The user asked for lookups;"
+    )
+    summaries.first.locator(".raw-toggle").click()
+    raw = json.loads(summaries.first.locator("pre.raw").text_content() or "")
+    assert raw["event"]["type"] == "local.compacted"
+    assert raw["event"]["budget"] == 100

@@ -1,8 +1,8 @@
 """The session list's light fold (`Tracker`) against the real one: for generated sessions
 (user messages, tool calls with results or errors, duplicates, guard halts, terminal tool
-calls, queued messages, failed calls, cancels and crashes), after every event the fields
-the status follows from are the fold's own; and a log that is no session's is
-`unreadable`."""
+calls, queued messages, failed calls, summaries of older turns, cancels and crashes),
+after every event the fields the status follows from are the fold's own; and a log that
+is no session's is `unreadable`."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from turnkeeper.core import AgentSpec, GuardConfig, ToolResult, ToolSpec, Usage
+from turnkeeper.core import AgentSpec, ChatError, GuardConfig, ToolResult, ToolSpec, Usage
 from turnkeeper.events import (
     ApprovalDecided,
     Cancelled,
@@ -26,6 +26,7 @@ from turnkeeper.events import (
 from turnkeeper.providers import text_response, tool_response
 from turnkeeper.service._summary import Tracker
 from turnkeeper.sessions import Resume, UserMessage, begin_poll, emit, end_poll, open_session
+from turnkeeper.sessions._compaction import Plan, compaction_events, older_turns
 from turnkeeper.state import (
     SessionState,
     apply_event,
@@ -54,6 +55,8 @@ replies = st.one_of(
         max_size=2,
     ).map(lambda calls: ("calls", calls)),
     st.just(("fail", "")),
+    # Older turns summarised before the model's reply ("done"), or the summary failing.
+    st.sampled_from([("compact", "ok"), ("compact", "fail")]),
 )
 steps = st.lists(
     st.tuples(
@@ -68,6 +71,8 @@ def response(reply: tuple[str, Any], seq: int) -> dict[str, Any]:
     kind, value = reply
     if kind == "fail":
         return text_response("recovered", usage=(7, 2))
+    if kind == "compact":
+        return text_response("done", usage=(7, 2))
     if kind == "text":
         return text_response(value, usage=(7, 2))
     return tool_response(
@@ -107,6 +112,17 @@ class Session:
         if reply[0] == "fail":
             self.emit(ChatFailed(error="connection refused", transient=True))
             return
+        if reply[0] == "compact":
+            start, end, kept = older_turns(self.state, 1)
+            plan = Plan(self.state.history, start, end, kept, 900, 800, {})
+            failure = ChatError("HTTP 400", transient=False) if reply[1] == "fail" else None
+            summary = text_response("They asked; it was done.", usage=(20, 3))
+            self.clock += 1
+            events, self.state = compaction_events(
+                plan, self.state, summary, failure, [], now=self.clock
+            )
+            self.take(events)
+            reply = ("text", "done")
         self.clock += 1
         events, self.state = end_poll(self.state, response(reply, self.state.seq), now=self.clock)
         self.take(events)

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from turnkeeper.core import (
     AgentSpec,
     ChatError,
+    Compaction,
     GuardConfig,
     LogError,
     TerminalTool,
@@ -33,6 +34,8 @@ from turnkeeper.core import (
     tool_uses_of,
 )
 from turnkeeper.events import (
+    Compacted,
+    CompactionFailed,
     DirectiveInjected,
     Envelope,
     Halted,
@@ -71,6 +74,10 @@ SPEC = AgentSpec(
     terminal_tool="finish",
 )
 NAMES = ["search", "lookup", "status", "finish"]
+COMPACTING = msgspec.structs.replace(
+    SPEC, compaction=Compaction(budget_tokens=70, keep_recent_turns=2, summary_tokens=8)
+)
+"""SPEC, its older turns summarised past a budget a few turns reach."""
 
 call = st.tuples(st.sampled_from(NAMES), st.integers(0, 3))
 move = st.one_of(
@@ -81,6 +88,8 @@ move = st.one_of(
     st.tuples(st.just("chat_error"), st.booleans()),
     st.tuples(st.just("length"), st.just("")),
 )
+summary_moves = st.lists(st.sampled_from(["ok", "ok", "empty", "error", "flaky"]), max_size=8)
+"""How the model answers the summary requests of a compacting session, in turn (then "ok")."""
 configs = st.builds(
     GuardConfig,
     terminal=st.builds(TerminalTool, required=st.booleans(), max_reprompts=st.integers(0, 2)),
@@ -106,12 +115,22 @@ def response_for(step: tuple[str, Any]) -> Any:
     }[value]
 
 
-def scripted_model(steps: list[tuple[str, Any]]) -> Callable[[dict[str, Any]], Any]:
-    """A model playing `steps`, then answering "done" forever; ids unique per call."""
+def scripted_model(
+    steps: list[tuple[str, Any]], summaries: list[str] | None = None
+) -> Callable[[dict[str, Any]], Any]:
+    """A model playing `steps`, then answering "done" forever; ids unique per call. Asked
+    for a summary (a request without tools), it answers as `summaries` says in turn: a
+    summary (`ok`), an empty one, or a permanent or transient ChatError."""
     queue = iter(steps)
     ids = itertools.count(1)
+    summary_queue = iter(summaries or ())
 
     async def chat(request: dict[str, Any]) -> Any:
+        if not request["tools"]:
+            how = next(summary_queue, "ok")
+            if how in ("error", "flaky"):
+                raise ChatError("no summary", transient=how == "flaky", status=503)
+            return text_response("" if how == "empty" else f"summary of {len(request)} things")
         step = next(queue, ("text", "done"))
         response = response_for(step)
         for choice in response.get("choices") or []:
@@ -146,10 +165,13 @@ async def drive(
     max_turns: int,
     config: GuardConfig,
     crash_after: frozenset[int] = frozenset(),
+    spec: AgentSpec = SPEC,
+    summaries: list[str] | None = None,
 ) -> Drive:
     """Play the model through poll_turn over `episodes` user messages, as a host would.
     After the polls numbered in `crash_after`, the live state is dropped and rebuilt
-    from the log, as a restart would."""
+    from the log, as a restart would. `summaries` is how the model answers summary
+    requests (see `scripted_model`), for a `spec` that compacts."""
     views: list[tuple[GuardView, Verdict]] = []
 
     def recording_guard(view: GuardView) -> Verdict:
@@ -162,9 +184,9 @@ async def drive(
     def clock() -> float:
         return 1_000.0 + next(ticks)
 
-    chat = scripted_model(steps)
+    chat = scripted_model(steps, summaries)
     state = open_session(
-        SPEC, session_id="local_00000000000000aa", max_turns=max_turns, guards=config
+        spec, session_id="local_00000000000000aa", max_turns=max_turns, guards=config
     )
     log: list[Envelope] = []
     polls = 0
@@ -268,6 +290,68 @@ def test_crash_and_rebuild_from_the_log_changes_nothing(
     assert crashed.state == steady.state
     assert crashed.log == steady.log
     assert replay(crashed.log) == crashed.state
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    steps=st.lists(move, max_size=25),
+    summaries=summary_moves,
+    episodes=st.integers(1, 3),
+    max_turns=st.integers(1, 8),
+    crash_after=st.frozensets(st.integers(1, 30), max_size=5),
+)
+def test_compacted_sessions_replay_to_the_live_state_after_crashes_too(
+    steps: list[tuple[str, Any]],
+    summaries: list[str],
+    episodes: int,
+    max_turns: int,
+    crash_after: frozenset[int],
+) -> None:
+    def play(crashes: frozenset[int]) -> Drive:
+        return anyio.run(
+            lambda: drive(
+                steps,
+                episodes=episodes,
+                max_turns=max_turns,
+                config=GuardConfig(),
+                crash_after=crashes,
+                spec=COMPACTING,
+                summaries=list(summaries),
+            )
+        )
+
+    result = play(frozenset())
+    assert all(count <= max_turns for count in model_calls_per_episode(result.log))
+    check_tool_calls_answered(result.state.history)
+    assert [e.seq for e in result.log] == list(range(1, len(result.log) + 1))
+    assert replay(result.log) == result.state
+    assert replay(decode_jsonl(encode_jsonl(result.log)).events) == result.state
+    assert recheck(result.log) is None
+    crashed = play(crash_after)
+    assert crashed.log == result.log
+    assert crashed.state == result.state
+
+
+def test_a_long_episode_of_the_generated_sessions_is_compacted() -> None:
+    steps: list[tuple[str, Any]] = [("calls", [("search", q)]) for q in range(100, 120)]
+    result = anyio.run(
+        lambda: drive(
+            steps, episodes=1, max_turns=30, config=GuardConfig(), spec=COMPACTING, summaries=[]
+        )
+    )
+    assert sum(isinstance(e.event, Compacted) for e in result.log) >= 3
+    assert replay(result.log) == result.state
+    failing = anyio.run(
+        lambda: drive(
+            steps,
+            episodes=1,
+            max_turns=30,
+            config=GuardConfig(),
+            spec=COMPACTING,
+            summaries=["error"],
+        )
+    )
+    assert [type(e.event) for e in failing.log if "compact" in e.type] == [CompactionFailed]
 
 
 @EXAMPLES

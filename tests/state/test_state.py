@@ -30,6 +30,8 @@ from turnkeeper.events import (
     Cancelled,
     ChatFailed,
     ChatRetried,
+    Compacted,
+    CompactionFailed,
     DirectiveInjected,
     DuplicateToolCall,
     Envelope,
@@ -85,6 +87,19 @@ def responded(
         message=message,
         finish_reason=reason,
         usage=usage,
+    )
+
+
+def compacted(start: int, end: int, kept: tuple[int, ...] = (), text: str = "S") -> Compacted:
+    return Compacted(
+        start=start,
+        end=end,
+        kept=kept,
+        message={"role": "user", "content": f"Summary of the conversation so far: {text}"},
+        estimated=900,
+        budget=800,
+        response=EMPTY,
+        usage=Usage(70, 7),
     )
 
 
@@ -527,6 +542,65 @@ def test_apply_event_rejects_a_seq_that_does_not_follow(seq: int) -> None:
     assert log.state == before
 
 
+def test_a_compaction_puts_its_summary_in_place_of_older_turns_and_keeps_the_request() -> None:
+    log = Log()
+    log.push(MessageReceived(text="first"))
+    log.push(responded(call("a", "fetch")))
+    log.push(results(("a", "one")))
+    log.push(responded(text="The first is one."))
+    log.push(MessageReceived(text="second"))
+    log.push(responded(call("b", "fetch")))
+    log.push(results(("b", "two")))
+    before = log.state
+    # Messages 1 to 6 (the first episode, the second's request and first step) give way
+    # to the summary, but for the request (5), which follows it.
+    after = log.push(compacted(1, 8, (5,), "one found"))
+    summary = {"role": "user", "content": "Summary of the conversation so far: one found"}
+    assert after.history == (
+        SYSTEM,
+        summary,
+        {"role": "user", "content": "second"},
+        *before.history[8:],
+    )
+    assert (after.usage, after.episode_usage) == (
+        before.usage + Usage(70, 7),
+        before.episode_usage + Usage(70, 7),
+    )
+    # Nothing else of the state moves: the episode, its calls and answers stay as they were.
+    assert msgspec.structs.replace(after, history=before.history, usage=before.usage) == (
+        msgspec.structs.replace(before, seq=after.seq, episode_usage=after.episode_usage)
+    )
+    assert log.replayed() == after
+    assert fold(log.replayed(), []) == after
+
+
+def test_a_compaction_out_of_the_history_is_a_replay_error() -> None:
+    for event in (compacted(1, 9), compacted(3, 2), compacted(1, 3, (3,)), compacted(1, 4, (2, 2))):
+        log = Log()
+        log.push(MessageReceived(text="hi"))
+        log.push(responded(text="hello"))
+        envelope = Envelope("s1", log.state.seq + 1, 2000.0, event)
+        with pytest.raises(ReplayError, match=r"^session s1: seq 4 compacts messages"):
+            apply_event(log.state, envelope)
+        with pytest.raises(ReplayError, match=r"^session s1: seq 4 compacts messages"):
+            replay([*log.events, envelope])
+
+
+def test_a_failed_compaction_is_remembered_until_the_next_request() -> None:
+    log = Log()
+    log.push(MessageReceived(text="hi"))
+    failed = log.push(
+        CompactionFailed(error="HTTP 400", estimated=900, budget=800, usage=Usage(5, 0))
+    )
+    assert failed.compaction_failed
+    assert failed.usage == Usage(5, 0)
+    assert failed.history == (SYSTEM, {"role": "user", "content": "hi"})
+    log.push(responded(text="hello"))
+    assert log.state.compaction_failed
+    assert not log.push(MessageReceived(text="again")).compaction_failed
+    assert log.replayed() == log.state
+
+
 def test_fold_applies_events_in_order() -> None:
     log = Log()
     log.push(MessageReceived(text="hi"))
@@ -696,6 +770,15 @@ other_event = st.one_of(
     st.builds(ChatRetried, attempt=st.just(1), delay=st.just(0.5), error=TEXTS),
     st.builds(ToolCalled, tool_call_id=IDS, name=TOOLS, input=ARGUMENTS),
     st.builds(ToolReturned, tool_call_id=IDS, text=TEXTS, is_error=st.booleans()),
+    # Mostly in range of a short history, now and then not (a ReplayError either way).
+    st.builds(
+        lambda start, length, kept, text: compacted(start, start + length, kept, text),
+        st.integers(0, 3),
+        st.integers(0, 6),
+        st.lists(st.integers(0, 9), max_size=2, unique=True).map(lambda kept: tuple(sorted(kept))),
+        TEXTS,
+    ),
+    st.builds(CompactionFailed, error=TEXTS, estimated=st.just(9), budget=st.just(5)),
 )
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import anyio
+import msgspec
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -27,6 +28,7 @@ from turnkeeper import tracing
 from turnkeeper.core import (
     AgentSpec,
     ChatError,
+    Compaction,
     GuardConfig,
     MaxTurns,
     McpServer,
@@ -87,6 +89,11 @@ def by_operation(finished: tuple[ReadableSpan, ...], operation: str) -> list[Rea
 
 def attrs(span: ReadableSpan) -> dict[str, Any]:
     return dict(span.attributes or {})
+
+
+def attrs_of(event: Any) -> dict[str, Any]:
+    """A span event's attributes."""
+    return dict(event.attributes or {})
 
 
 def run_script(code: str, env: dict[str, str] | None = None) -> str:
@@ -317,6 +324,39 @@ async def test_an_answer_after_a_stop_is_two_span_events(spans: InMemorySpanExpo
         "turnkeeper.guard.answered_after_stop",
     ]
     assert dict(agent.events[-1].attributes or {})["turnkeeper.guard"] == "max_turns"
+
+
+@pytest.mark.anyio
+async def test_a_summary_of_older_turns_is_a_chat_span_and_a_span_event(
+    spans: InMemorySpanExporter,
+) -> None:
+    def summary(request: dict[str, Any]) -> dict[str, Any]:
+        assert request["tools"] == []
+        return text_response("They added numbers.", usage=(80, 5))
+
+    # A window of 200 tokens: past 100, the older turns are summarised.
+    chat = ScriptedChat(
+        [
+            tool_response(("add", {"a": 1, "b": 1})),
+            tool_response(("add", {"a": 2, "b": 2})),
+            summary,
+            text_response("done"),
+        ],
+        context_window=200,
+    )
+    spec = msgspec.structs.replace(
+        SPEC, compaction=Compaction(keep_recent_turns=1, summary_tokens=8)
+    )
+    result = await run(spec, "count", chat, tools={"add": add})
+    assert result.text == "done"
+    finished = spans.get_finished_spans()
+    assert len(by_operation(finished, "chat")) == 4
+    [agent] = by_operation(finished, "invoke_agent")
+    [compacted] = [attrs_of(e) for e in agent.events if e.name == "turnkeeper.compacted"]
+    assert compacted["turnkeeper.compaction.budget_tokens"] == 100
+    assert compacted["turnkeeper.compaction.estimated_tokens"] > 100
+    assert compacted["turnkeeper.compaction.messages"] == 2  # the first call and its result
+    assert attrs(agent)["gen_ai.usage.input_tokens"] == result.usage.prompt_tokens >= 80
 
 
 @pytest.mark.anyio

@@ -16,6 +16,8 @@ from turnkeeper.events import (
     Cancelled,
     ChatFailed,
     ChatRetried,
+    Compacted,
+    CompactionFailed,
     DirectiveInjected,
     DuplicateToolCall,
     Envelope,
@@ -97,6 +99,18 @@ def step_line(envelope: Envelope) -> str | None:
         return f"model: {said}{reply_tail(event)}"
     if isinstance(event, ReplyReplaced):
         return f"guard {event.guard}: answer replaced with: {gist(event.text)}"
+    if isinstance(event, Compacted):
+        summarised = event.end - event.start - len(event.kept)
+        return (
+            f"compacted: {_count(summarised, 'older message')} summarised "
+            f"(~{event.estimated} tokens, over the {event.budget} budget): "
+            f"{gist(text_of(event.message))}"
+        )
+    if isinstance(event, CompactionFailed):
+        return (
+            f"compaction failed (~{event.estimated} tokens, over the {event.budget} budget): "
+            f"{gist(event.error)}; the history is cut instead"
+        )
     if isinstance(event, McpFailed):
         what = _MCP_REASONS.get(event.reason, event.reason)
         tool = f" (calling {event.tool})" if event.tool else ""

@@ -25,6 +25,7 @@ from turnkeeper.core import (
     InputError,
     SmallModel,
     text_of,
+    wraps_chat,
 )
 from turnkeeper.events import ChatRetried, Envelope, ModelResponded, TokenDelta, encode_envelope
 from turnkeeper.providers import EmbeddedChat, aclose_shared_client
@@ -135,7 +136,7 @@ def _announcing(chat: Chat, output: _Output) -> Chat:
         output.model_call()
         return await chat(request)
 
-    return announced
+    return wraps_chat(announced, chat)
 
 
 def exit_code(result: RunResult) -> int:

@@ -9,8 +9,9 @@ from turnkeeper.core._calls import (
     reply_flaw,
     reply_problem,
 )
-from turnkeeper.core._chat import Chat
+from turnkeeper.core._chat import Chat, approx_tokens, context_window, estimate_tokens, wraps_chat
 from turnkeeper.core._checks import check_count, check_seconds
+from turnkeeper.core._compaction import Compaction, check_compaction
 from turnkeeper.core._depth import nests_deeper
 from turnkeeper.core._errors import (
     ChatError,
@@ -102,6 +103,7 @@ __all__ = [
     "Budget",
     "Chat",
     "ChatError",
+    "Compaction",
     "ConsecutiveErrors",
     "CostBudget",
     "DuplicateCalls",
@@ -130,15 +132,18 @@ __all__ = [
     "UnloggableEvent",
     "Usage",
     "add_costs",
+    "approx_tokens",
     "as_decimal",
     "call_key",
     "call_problem",
+    "check_compaction",
     "check_count",
     "check_guards",
     "check_seconds",
     "check_spec",
     "check_tool",
     "coerce",
+    "context_window",
     "decode_arguments",
     "decode_output",
     "decode_tool_uses",
@@ -147,6 +152,7 @@ __all__ = [
     "duplicate_content",
     "encodes",
     "error_content",
+    "estimate_tokens",
     "exact_amount",
     "gc_paused",
     "gist",
@@ -168,4 +174,5 @@ __all__ = [
     "tool_uses_of",
     "validate",
     "with_output_schema",
+    "wraps_chat",
 ]

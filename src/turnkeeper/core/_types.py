@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 import msgspec
 
 from turnkeeper.core._checks import check_seconds
+from turnkeeper.core._compaction import Compaction, check_compaction
 from turnkeeper.core._errors import InputError
 from turnkeeper.core._jsonschema import is_valid, schema_problem
 from turnkeeper.core._output import output_problem
@@ -175,6 +176,10 @@ class AgentSpec(msgspec.Struct, frozen=True):
     one that does not is sent back to the model to fix (the `output` guard) and, after
     that, ends the episode (`invalid_output`). A spec with an `output_schema` has no
     `terminal_tool`, whose arguments would be the result instead.
+
+    `compaction` says when older turns are summarised by the model (see `Compaction`; by
+    default where the backend declares its context window, as the embedded model does);
+    None: never (they are only cut, by the small-model window or the backend).
     """
 
     system_prompt: str = ""
@@ -189,6 +194,7 @@ class AgentSpec(msgspec.Struct, frozen=True):
     mcp_servers: tuple[McpServer, ...] = ()
     pricing: Pricing | None = None
     output_schema: OutputSchema | None = None
+    compaction: Compaction | None = Compaction()
 
     def __post_init__(self) -> None:
         tools = tuple(self.tools)
@@ -272,6 +278,8 @@ def check_spec(spec: AgentSpec) -> None:
             "with its arguments, checked by its input_schema; give a spec an output_schema or "
             "a terminal_tool, not both"
         )
+    if spec.compaction is not None:
+        check_compaction(spec.compaction, "spec.compaction")
     for index, tool in enumerate(spec.tools):
         _check_name(tool.name, f"spec.tools[{index}].name")
         check_tool(tool, f"spec.tools[{index}]")

@@ -104,6 +104,53 @@ class ModelResponded(Event, frozen=True, tag="local.model_response"):
         )
 
 
+class Compacted(Event, frozen=True, tag="local.compacted"):
+    """Older turns were summarised by the model, in a call of its own, before the poll's
+    model call: `message` (the summary, as a user message) takes the place of the history's
+    messages from index `start` up to `end` (not included), but for those at the indexes
+    `kept` (the current request), which follow it in their order.
+
+    `estimated` is the history's size in tokens, as the backend estimated it, that was past
+    `budget`. `response` is the summary call's response verbatim, as encoded JSON (as a
+    `local.model_response` keeps it); `usage` its tokens and cost, which the session's
+    usage counts.
+    """
+
+    start: int
+    end: int
+    kept: tuple[int, ...]
+    message: Message
+    estimated: int
+    budget: int
+    response: msgspec.Raw
+    usage: Usage
+
+    def __repr__(self) -> str:
+        # msgspec.Raw's own repr shows only an address.
+        return (
+            f"Compacted(start={self.start!r}, end={self.end!r}, kept={self.kept!r}, "
+            f"message={self.message!r}, estimated={self.estimated!r}, budget={self.budget!r}, "
+            f"response=Raw({bytes(self.response)!r}), usage={self.usage!r})"
+        )
+
+
+class CompactionFailed(Event, frozen=True, tag="local.compaction_failed"):
+    """The summary call of a compaction failed, or gave no summary to use (`error` says
+    which): the history goes to the model as it is, cut as it would be without compaction
+    (by the small-model window, or the backend's prompt fitting), and no summary is asked
+    for again until the next request. `estimated` and `budget` are as a `local.compacted`'s;
+    `usage` is the call's, if it answered; `response` what it answered, if it was not used
+    (as `local.chat_error` keeps it)."""
+
+    error: str
+    estimated: int
+    budget: int
+    transient: bool = False
+    status: int | None = None
+    usage: Usage = Usage()
+    response: Any = None
+
+
 class DuplicateToolCall(Event, frozen=True, tag="local.duplicate_tool_call"):
     """A call repeating (name, args) from earlier in the episode was self-answered, not run."""
 
@@ -268,6 +315,8 @@ AnyEvent = (
     | ToolResultsReceived
     | DirectiveInjected
     | ModelResponded
+    | Compacted
+    | CompactionFailed
     | DuplicateToolCall
     | ReplyReplaced
     | ChatRetried

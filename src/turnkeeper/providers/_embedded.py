@@ -135,7 +135,9 @@ class EmbeddedChat:
     other work, more threads can be several times slower. A streamed call (see
     `delta_sink`) sends the text as the model writes it, through
     `create_chat_completion(stream=True)`; with tools, what the reply will be (an
-    answer's text, a call's tool and arguments) rather than the reply's JSON.
+    answer's text, a call's tool and arguments) rather than the reply's JSON. It declares its window
+    (`context_window`) and counts tokens with the model's tokenizer (`estimate_tokens`), so
+    a session on it summarises older turns past half its window (see `Compaction`).
     """
 
     def __init__(
@@ -192,6 +194,23 @@ class EmbeddedChat:
     def n_ctx(self) -> int:
         """The context window in tokens: prompt and reply together must fit in it."""
         return self._key.n_ctx
+
+    @property
+    def context_window(self) -> int:
+        """`n_ctx`, as chat backends declare it: the default compaction budget is half of it
+        (see `turnkeeper.core.Compaction`)."""
+        return self._key.n_ctx
+
+    async def estimate_tokens(self, messages: list[Any]) -> int:
+        """The tokens of `messages` as the model's own tokenizer counts their JSON (a little
+        more than their text in the chat template takes), the model loaded first if need
+        be, in a worker thread; a permanent ChatError if it does not load."""
+        text = msgspec.json.encode(messages)
+        return await anyio.to_thread.run_sync(self._count, text)
+
+    def _count(self, text: bytes) -> int:
+        # The vocabulary is read-only once loaded: no need to wait for a generation.
+        return len(self._load().llama.tokenize(text, add_bos=False, special=False))
 
     @property
     def loaded(self) -> bool:

@@ -10,7 +10,7 @@ from typing import Any
 
 import anyio
 
-from turnkeeper.core import Chat, ChatError, InputError
+from turnkeeper.core import Chat, ChatError, InputError, wraps_chat
 from turnkeeper.events import ChatRetried
 from turnkeeper.providers._report import report_event
 from turnkeeper.providers._stream import delta_sink
@@ -73,7 +73,7 @@ def with_retry(
                 # What the failed attempt streamed is not the reply: the retry's starts over.
                 sink.restart()
 
-    return chat_with_retry
+    return wraps_chat(chat_with_retry, chat)
 
 
 def _check_settings(max_retries: int, base_delay: float, max_delay: float, deadline: float) -> None:

@@ -8,7 +8,7 @@ from typing import Any, TypeAlias
 
 import msgspec
 
-from turnkeeper.core import InputError, TurnkeeperError, Usage
+from turnkeeper.core import InputError, TurnkeeperError, Usage, check_count
 
 ScriptItem: TypeAlias = (
     dict[str, Any]
@@ -56,6 +56,8 @@ class ScriptedChat:
     was sent; `calls` counts them. A call after the last item raises `ScriptExhausted`.
     Tool calls built by `tool_response` without an id get `call_1`, `call_2`, ... in
     playback order, unique across the script, as a real API's ids are.
+    `context_window` (tokens), if given, is declared as a backend's own is, so a session
+    compacts its history by it as it would on a model with that window (see `Compaction`).
 
         chat = ScriptedChat([
             tool_response(("search", {"q": "turnkeeper"})),
@@ -63,7 +65,9 @@ class ScriptedChat:
         ])
     """
 
-    def __init__(self, responses: Iterable[ScriptItem]) -> None:
+    def __init__(
+        self, responses: Iterable[ScriptItem], *, context_window: int | None = None
+    ) -> None:
         if isinstance(responses, Mapping):
             raise InputError(
                 "ScriptedChat: responses must be a list of responses, not one response dict; "
@@ -77,6 +81,9 @@ class ScriptedChat:
             ) from None
         for index, item in enumerate(self._script):
             _check_item(index, item)
+        if context_window is not None:
+            check_count("ScriptedChat context_window", context_window, 1, optional=True)
+        self.context_window = context_window
         self._next = 0
         self._last_call_id = 0
         self.requests: list[dict[str, Any]] = []

@@ -13,9 +13,17 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeAlias
 
 import anyio
-import msgspec
 
-from turnkeeper.core import Chat, ChatError, InputError, Message, ToolSpec, text_of
+from turnkeeper.core import (
+    Chat,
+    ChatError,
+    InputError,
+    Message,
+    ToolSpec,
+    approx_tokens,
+    text_of,
+    wraps_chat,
+)
 from turnkeeper.providers._ranking import compact_schema, rank_tools
 
 __all__ = [
@@ -51,7 +59,7 @@ def with_tool_ranking(chat: Chat, *, max_tools: int = 8) -> Chat:
         chosen = _ranked(tools, request.get("messages") or [], max_tools, _named(request))
         return await chat({**request, "tools": [_compacted(tool) for tool in chosen]})
 
-    return ranked
+    return wraps_chat(ranked, chat)
 
 
 def with_prompt_fitting(
@@ -106,7 +114,7 @@ def with_prompt_fitting(
             shaped["tools"] = tools
         return await chat(shaped)
 
-    return fitted
+    return wraps_chat(fitted, chat)
 
 
 def with_step_timeout(chat: Chat, seconds: float) -> Chat:
@@ -127,14 +135,7 @@ def with_step_timeout(chat: Chat, seconds: float) -> Chat:
             return await chat(request)
         raise ChatError(f"the model took longer than {seconds:g} s", transient=True)
 
-    return timed
-
-
-def approx_tokens(messages: list[Message], tools: list[dict[str, Any]]) -> int:
-    """A rough token count for a backend without a tokenizer: UTF-8 bytes of the messages'
-    and tools' JSON, divided by 4 and rounded up (English text runs about 4 characters a
-    token; other scripts take more bytes per token, so they are over-counted, not under)."""
-    return math.ceil(len(msgspec.json.encode([messages, tools])) / 4)
+    return wraps_chat(timed, chat)
 
 
 def _ranked(

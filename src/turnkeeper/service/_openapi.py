@@ -604,6 +604,11 @@ def _request_rules(limits: Limits) -> dict[str, dict[str, dict[str, Any]]]:
         "Pricing": {"input_per_million": _PRICE, "output_per_million": _PRICE},
         "CostBudget": {"max_cost": _SECONDS, "max_session_cost": _SECONDS},
         "SmallModel": {"window_turns": {"minimum": 1}, "max_result_chars": {"minimum": 1}},
+        "Compaction": {
+            "budget_tokens": {"minimum": 1},
+            "keep_recent_turns": {"minimum": 1},
+            "summary_tokens": {"minimum": 1},
+        },
     }
 
 

@@ -22,6 +22,8 @@ from turnkeeper.events import (
     ApprovalRequested,
     Cancelled,
     ChatFailed,
+    Compacted,
+    CompactionFailed,
     DirectiveInjected,
     DuplicateToolCall,
     Envelope,
@@ -224,6 +226,9 @@ class Tracker:
         self.usage += event.usage
         self.stop_reason = "tool_use" if self.pending else event.finish_reason or "unknown"
 
+    def _compacted(self, event: Compacted | CompactionFailed) -> None:
+        self.usage += event.usage
+
     def _queued(self, event: MessageQueued) -> None:
         self.queued = (*self.queued, event.text)
 
@@ -283,6 +288,8 @@ _RULES: dict[type, Callable[[Tracker, Any], None]] = {
     MessageReceived: Tracker._message,
     ToolResultsReceived: Tracker._results,
     ModelResponded: Tracker._response,
+    Compacted: Tracker._compacted,
+    CompactionFailed: Tracker._compacted,
     MessageQueued: Tracker._queued,
     DirectiveInjected: Tracker._directive,
     DuplicateToolCall: Tracker._duplicate,

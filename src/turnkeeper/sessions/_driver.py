@@ -7,6 +7,11 @@ them: `call_model` awaits the chat backend, collecting what it reports meanwhile
 `answer` applies the response with `end_poll`, or, when the call failed or the response is
 malformed, gives the failure's events (`failure_events`). Each step reads the clock once,
 when it makes its events.
+
+Before a poll's model call, `plan_compaction` asks whether the history is past the spec's
+compaction budget (the backend estimates its tokens); when it is, the summary of its older
+turns is a model call of its own, made the same way (`call_model`), whose outcome
+`compacted` turns into events (`compact` does all three).
 """
 
 from __future__ import annotations
@@ -17,12 +22,27 @@ from typing import Any
 
 import msgspec
 
-from turnkeeper.core import Chat, ChatError
+from turnkeeper.core import Chat, ChatError, context_window, estimate_tokens
 from turnkeeper.events import AnyEvent, Envelope, TokenDelta
 from turnkeeper.guards import Guard, default_guards
 from turnkeeper.providers import DeltaSink, collecting_events, streaming_to
+from turnkeeper.sessions._compaction import (
+    Plan,
+    Transcript,
+    compaction_events,
+    older_turns,
+    summary_request,
+    transcript,
+)
 from turnkeeper.sessions._inputs import Input, Resume
-from turnkeeper.sessions._poll import begin_poll, build_request, emit, end_poll, failure_events
+from turnkeeper.sessions._poll import (
+    begin_poll,
+    build_request,
+    emit,
+    end_poll,
+    failure_events,
+    prompt_messages,
+)
 from turnkeeper.state import SessionState, approval_request
 
 
@@ -92,6 +112,82 @@ def answer(
     return Answer(list(failed), _advance_seq(before, len(failed)), failure)
 
 
+async def plan_compaction(chat: Chat, state: SessionState) -> Plan | None:
+    """The compaction due before the state's model call, or None: the spec's `compaction`
+    is on, no summary failed in this episode, the history's tokens as `chat` estimates them
+    are past the budget (`budget_tokens`, else half of `chat`'s context window; none
+    known, no compaction), and its older turns hold more than twice `summary_tokens`."""
+    compaction = state.spec.compaction
+    if compaction is None or state.compaction_failed:
+        return None
+    window = context_window(chat)
+    budget = compaction.budget_tokens
+    if budget is None:
+        if window is None:
+            return None
+        budget = window // 2
+    estimated = await estimate_tokens(chat, prompt_messages(state))
+    if estimated <= budget:
+        return None
+    start, end, kept = older_turns(state, compaction.keep_recent_turns)
+    plan = Plan(state.history, start, end, kept, estimated, budget, {})
+    older = plan.older()
+    if not older or await estimate_tokens(chat, older) <= 2 * compaction.summary_tokens:
+        return None
+    # The summary call may take the window, but for its reply and a quarter kept for what
+    # an estimate misses (a chat template's tokens); of a window not known, the budget.
+    room = budget if window is None else (window - compaction.summary_tokens) * 3 // 4
+    # The transcript holds the request kept too: what the turns were for.
+    lines = transcript(list(state.history[start:end]), frozenset(i - start for i in kept))
+    request = await _summary_request(chat, state, lines, room)
+    return msgspec.structs.replace(plan, request=request)
+
+
+async def _summary_request(
+    chat: Chat, state: SessionState, lines: Transcript, room: int
+) -> dict[str, Any]:
+    """The summary request, the fewest of its transcript's oldest lines left out that make
+    its messages fit `room` tokens as `chat` estimates them (all that may go, if even that
+    is not enough: the call then fails as too long, and says so)."""
+
+    async def fits(dropped: int) -> bool:
+        messages = summary_request(state, lines.text(dropped))["messages"]
+        return await estimate_tokens(chat, messages) <= room
+
+    if await fits(0):
+        return summary_request(state, lines.text(0))
+    # Fewer lines never count more tokens.
+    low, high = 1, lines.droppable
+    while low < high:
+        middle = (low + high) // 2
+        if await fits(middle):
+            high = middle
+        else:
+            low = middle + 1
+    return summary_request(state, lines.text(high))
+
+
+def compacted(
+    called: Called, plan: Plan, state: SessionState, *, clock: Callable[[], float]
+) -> tuple[list[Envelope], SessionState]:
+    """The events of the summary call's outcome after `state` (see `compaction_events`),
+    and the state they lead to."""
+    return compaction_events(
+        plan, state, called.response, called.failure, called.reported, now=clock()
+    )
+
+
+async def compact(
+    chat: Chat, state: SessionState, *, clock: Callable[[], float]
+) -> tuple[list[Envelope], SessionState]:
+    """Summarise the state's older turns if a compaction is due (`plan_compaction`): the
+    events of the summary call and the state they lead to; none and `state` if not due."""
+    plan = await plan_compaction(chat, state)
+    if plan is None:
+        return [], state
+    return compacted(await call_model(chat, plan.request), plan, state, clock=clock)
+
+
 def _asking_approval(
     events: list[Envelope], state: SessionState
 ) -> tuple[list[Envelope], SessionState]:
@@ -122,10 +218,11 @@ async def poll_turn(
     """Advance the session by one model call: apply `input`, run the guards, call `chat`.
 
     Returns the poll's events and the new state. When the model call fails, raises
-    ChatError with `events` to log; the given state stays valid (retry the poll).
-    A state rebuilt in the middle of a poll (`in_poll`) is finished by `Resume()`:
-    the model call is made again, without applying any input. With `on_delta`, the call
-    is streamed: `on_delta` gets the reply's fragments as they come (see `run`).
+    ChatError with `events` to log; the given state stays valid (retry the poll; a
+    compaction made before the call is made again then). A state rebuilt in the middle of
+    a poll (`in_poll`) is finished by `Resume()`: the model call is made again, without
+    applying any input. With `on_delta`, the call is streamed: `on_delta` gets the reply's
+    fragments as they come (see `run`).
     """
     events: list[Envelope] = []
     request: dict[str, Any] | None
@@ -135,6 +232,9 @@ async def poll_turn(
         events, begun, request = begin_poll(state, input, now=clock(), guard=guard)
     if request is None:
         return tuple(events), begun
+    compaction, begun = await compact(chat, begun, clock=clock)
+    if compaction:
+        request = build_request(begun)
     sink = None if on_delta is None else DeltaSink(on_delta, begun.session_id, begun.seq)
     answered = answer(
         await call_model(chat, request, sink), begun, guard=guard, clock=clock, failed_after=state
@@ -142,4 +242,4 @@ async def poll_turn(
     if answered.failure is not None:
         answered.failure.events = tuple(answered.events)
         raise answered.failure
-    return (*events, *answered.events), answered.state
+    return (*events, *compaction, *answered.events), answered.state

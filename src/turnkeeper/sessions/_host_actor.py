@@ -20,7 +20,7 @@ from turnkeeper.events import (
     ToolMayHaveRun,
     ToolReturned,
 )
-from turnkeeper.sessions._driver import answer, call_model
+from turnkeeper.sessions._driver import answer, call_model, compacted, plan_compaction
 from turnkeeper.sessions._host_base import HostBase, _log
 from turnkeeper.sessions._host_records import _Session, _take_up
 from turnkeeper.sessions._inputs import Input, Resume, UserMessage
@@ -335,11 +335,12 @@ class HostActor(HostBase):
                 # Its request is logged: the host's next start makes the call.
                 slots.give_back()
                 return
-        self._count("model_calls")
-        sink = None
-        if self._watchers:
-            sink = self._delta_sink(session.state.session_id, session.state.seq)
         try:
+            await self._compact(session)
+            self._count("model_calls")
+            sink = None
+            if self._watchers:
+                sink = self._delta_sink(session.state.session_id, session.state.seq)
             called = await call_model(self.chat, build_request(session.state), sink)
         finally:
             if slots is not None:
@@ -370,6 +371,19 @@ class HostActor(HostBase):
                 envelope, ended = emit(ended, event, at=self.clock())
                 events.append(envelope)
             await self._commit(session, events, ended)
+
+    async def _compact(self, session: _Session) -> None:
+        """Summarise the session's older turns before its model call, if a compaction is
+        due, and log the outcome (in the model-call slot the call holds)."""
+        plan = await plan_compaction(self.chat, session.state)
+        if plan is None:
+            return
+        self._count("model_calls")
+        called = await call_model(self.chat, plan.request)
+        async with session.lock:
+            events, state = compacted(called, plan, session.state, clock=self.clock)
+            self._count_events(events)
+            await self._commit(session, events, state)
 
 
 def _describe(exc: BaseException) -> str:

@@ -28,7 +28,14 @@ from turnkeeper.core import (
     schema_key,
     text_of,
 )
-from turnkeeper.events import AnyEvent, Envelope, ModelResponded, TokenDelta
+from turnkeeper.events import (
+    AnyEvent,
+    Compacted,
+    CompactionFailed,
+    Envelope,
+    ModelResponded,
+    TokenDelta,
+)
 from turnkeeper.guards import Guard, default_guards
 from turnkeeper.logs import EventLog, MemoryLog
 from turnkeeper.providers import DeltaSink
@@ -67,6 +74,8 @@ def json_log(std_log: logging.Logger) -> Any:
 
 _std_log = logging.getLogger("turnkeeper.host")
 _log = json_log(_std_log)
+_CALLS = frozenset(("local.model_response", "local.compacted", "local.compaction_failed"))
+"""The events of model calls, whose usage carries a cost."""
 
 
 class HostBase:
@@ -332,9 +341,9 @@ class HostBase:
                 self._count("guard_halts")
             elif kind == "local.chat_retry":
                 self._count("chat_retries")
-            elif kind == "local.model_response":
+            elif kind in _CALLS:
                 event = envelope.event
-                if isinstance(event, ModelResponded):
+                if isinstance(event, ModelResponded | Compacted | CompactionFailed):
                     self.cost_total = add_costs(self.cost_total, event.usage.cost)
 
     def _check_accepting(self) -> None:

@@ -253,12 +253,18 @@ def _response_format(schema: dict[str, Any]) -> dict[str, Any]:
     return shaped
 
 
+def prompt_messages(state: SessionState) -> tuple[Message, ...]:
+    """The messages of the state's next model call, before the small-model window cuts
+    them: its history, or, for the answer after a stop, what `answer_messages` gives."""
+    return state.history if state.answering is None else answer_messages(state, state.history)
+
+
 def build_request(state: SessionState) -> dict[str, Any]:
     """The chat request for the state's history. Backends must not mutate it. A spec with
     an `output_schema` asks for JSON of it (`response_format`, as OpenAI's API has it):
     the schema then constrains the model's text, not its tool calls."""
     spec = state.spec
-    history = state.history if state.answering is None else answer_messages(state, state.history)
+    history = prompt_messages(state)
     messages = window(history, state) if state.guards.small_model else list(history)
     request: dict[str, Any] = {
         "model": spec.model,

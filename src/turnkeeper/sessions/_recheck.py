@@ -18,6 +18,8 @@ from turnkeeper.events import (
     AnyEvent,
     ChatFailed,
     ChatRetried,
+    Compacted,
+    CompactionFailed,
     DirectiveInjected,
     DuplicateToolCall,
     Envelope,
@@ -102,10 +104,12 @@ def recheck(
         calling = request is not None
         while calling:
             # What may be logged while the model call is in flight: retries, failures (a
-            # Host makes the call again), messages queued for later, and a fork's start
-            # (a fork of a session in the middle of its call makes the call).
+            # Host makes the call again), messages queued for later, a fork's start (a
+            # fork of a session in the middle of its call makes the call), and a summary
+            # of older turns made before the call (a model call of its own, not re-made).
             while index < len(events) and isinstance(
-                events[index].event, ChatRetried | ChatFailed | MessageQueued | Forked
+                events[index].event,
+                ChatRetried | ChatFailed | MessageQueued | Forked | Compacted | CompactionFailed,
             ):
                 state = apply_event(state, events[index])
                 index += 1

@@ -38,11 +38,11 @@ from turnkeeper.events import (
 )
 from turnkeeper.guards import Guard, default_guards, with_last_result
 from turnkeeper.providers import DeltaSink
-from turnkeeper.sessions._driver import answer, call_model
+from turnkeeper.sessions._driver import answer, call_model, compact
 from turnkeeper.sessions._inputs import Input, Kickoff, Resume
 from turnkeeper.sessions._normalize import Terminal, TurnResult, normalize
 from turnkeeper.sessions._open import open_session
-from turnkeeper.sessions._poll import begin_poll, emit, opened_event, unanswered
+from turnkeeper.sessions._poll import begin_poll, build_request, emit, opened_event, unanswered
 from turnkeeper.sessions._step_timeout import STEP_TIMEOUT, check_step_timeout, timed_chat
 from turnkeeper.sessions._tool_runner import ToolRunner
 from turnkeeper.sessions._typed import decoded
@@ -300,6 +300,10 @@ async def run(
                 await runner.record(begun)
                 events: Sequence[Envelope] = ()
                 if request is not None:
+                    compaction, runner.state = await compact(traced, runner.state, clock=clock)
+                    if compaction:
+                        await runner.record(compaction)
+                        request = build_request(runner.state)
                     sink = None
                     if on_delta is not None:
                         sink = DeltaSink(on_delta, runner.state.session_id, runner.state.seq)

@@ -42,6 +42,8 @@ from turnkeeper.events import (
     ApprovalDecided,
     ApprovalRequested,
     Cancelled,
+    Compacted,
+    CompactionFailed,
     DirectiveInjected,
     DuplicateToolCall,
     Envelope,
@@ -96,6 +98,8 @@ class SessionState(msgspec.Struct, frozen=True, gc=False):
     `approvals` holds the calls of the last reply whose approval was asked for, each with
     its decision (None while it awaits one). `output` is the episode's typed output, the
     answer's JSON value (see `local.output`); None until an answer matches the schema.
+    `compaction_failed` says a summary of older turns failed in this episode (none is
+    asked for again until the next request).
 
     Not tracked by the cycle collector (`gc=False`): it holds only data, which cannot
     point back at it. A Host of 10,000 sessions makes one per event, and each would be
@@ -136,6 +140,7 @@ class SessionState(msgspec.Struct, frozen=True, gc=False):
     last_failure: str | None = None
     reply_calls: tuple[ToolUse, ...] = ()
     answering: AnswerRequested | None = None
+    compaction_failed: bool = False
     queued: tuple[str, ...] = ()
     stop_reason: str | None = None
     result: dict[str, Any] | None = None
@@ -365,6 +370,7 @@ def _apply_message(state: SessionState, event: Any, envelope: Envelope) -> Sessi
         last_failure=None,
         reply_calls=(),
         answering=None,
+        compaction_failed=False,
         status="running",
         in_poll=True,
         polls=0,
@@ -393,6 +399,42 @@ def _apply_replaced(state: SessionState, event: Any, envelope: Envelope) -> Sess
         seq=envelope.seq,
         history=(*state.history, {"role": "assistant", "content": event.text}),
         reply_calls=(),
+    )
+
+
+def _apply_compacted(state: SessionState, event: Any, envelope: Envelope) -> SessionState:
+    history = state.history
+    start, end, kept = event.start, event.end, event.kept
+    if not (
+        0 <= start <= end <= len(history)
+        and all(start <= index < end for index in kept)
+        and list(kept) == sorted(set(kept))
+    ):
+        raise ReplayError(
+            f"session {state.session_id}: seq {envelope.seq} compacts messages {start} to "
+            f"{end} keeping {list(kept)}, but the history holds {len(history)}"
+        )
+    return _replace(
+        state,
+        seq=envelope.seq,
+        history=(
+            *history[:start],
+            event.message,
+            *(history[index] for index in kept),
+            *history[end:],
+        ),
+        usage=state.usage + event.usage,
+        episode_usage=state.episode_usage + event.usage,
+    )
+
+
+def _apply_compaction_failed(state: SessionState, event: Any, envelope: Envelope) -> SessionState:
+    return _replace(
+        state,
+        seq=envelope.seq,
+        compaction_failed=True,
+        usage=state.usage + event.usage,
+        episode_usage=state.episode_usage + event.usage,
     )
 
 
@@ -737,6 +779,8 @@ _Rule = Callable[[SessionState, Any, Envelope], SessionState]
 _RULES: dict[type, _Rule] = {
     ModelResponded: _apply_response,
     ToolResultsReceived: _apply_results,
+    Compacted: _apply_compacted,
+    CompactionFailed: _apply_compaction_failed,
     DuplicateToolCall: _apply_duplicate,
     DirectiveInjected: _apply_directive,
     ReplyReplaced: _apply_replaced,
@@ -1079,7 +1123,8 @@ def fold(state: SessionState, events: Iterable[Envelope]) -> SessionState:
     for another event's rule and at the end: a round trip copies neither the state nor
     its history. Every other event goes through its rule. Rules only ever add messages at
     the end of the history, so a rule gets a state holding none of it, and the messages
-    it adds join the fold's list: the history is made once, at the end.
+    it adds join the fold's list: the history is made once, at the end. A compaction,
+    which replaces older messages, gets the whole history and gives the fold a new list.
     """
     session_id = state.session_id
     seq = state.seq
@@ -1104,6 +1149,12 @@ def fold(state: SessionState, events: Iterable[Envelope]) -> SessionState:
         if (type(event) is ModelResponded and trip.call(event)) or (
             type(event) is ToolResultsReceived and trip.close(event)
         ):
+            continue
+        if type(event) is Compacted:
+            # The one rule that changes messages already in the history: it gets them all.
+            changed = _apply_compacted(trip.put(seq - 1, tuple(history)), event, envelope)
+            history = list(changed.history)
+            trip = _Trip(changed, history)
             continue
         rule = rules.get(type(event))
         if rule is not None:

@@ -7,7 +7,16 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Protocol
 
-from turnkeeper.core import AgentSpec, Chat, Message, ToolResult, ToolSpec, ToolUse, Usage
+from turnkeeper.core import (
+    AgentSpec,
+    Chat,
+    Message,
+    ToolResult,
+    ToolSpec,
+    ToolUse,
+    Usage,
+    wraps_chat,
+)
 from turnkeeper.events import Envelope, McpFailed
 
 
@@ -140,7 +149,7 @@ def traced_chat(chat: Chat) -> Chat:
             span.response(response)
             return response
 
-    return traced
+    return wraps_chat(traced, chat)
 
 
 def tool_span(use: ToolUse, tool: ToolSpec | None) -> AbstractContextManager[ToolSpan]:

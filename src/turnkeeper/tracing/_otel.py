@@ -18,6 +18,8 @@ from turnkeeper.events import (
     AnsweredAfterStop,
     AnswerRequested,
     ChatRetried,
+    Compacted,
+    CompactionFailed,
     DirectiveInjected,
     DuplicateToolCall,
     Envelope,
@@ -263,6 +265,13 @@ def _span_event(envelope: Envelope, capture_content: bool) -> tuple[str | None, 
         if event.status is not None:
             attributes["error.type"] = str(event.status)
         return "turnkeeper.chat.retry", attributes
+    if isinstance(event, Compacted | CompactionFailed):
+        attributes["turnkeeper.compaction.estimated_tokens"] = event.estimated
+        attributes["turnkeeper.compaction.budget_tokens"] = event.budget
+        if isinstance(event, CompactionFailed):
+            return "turnkeeper.compaction_failed", attributes
+        attributes["turnkeeper.compaction.messages"] = event.end - event.start - len(event.kept)
+        return "turnkeeper.compacted", attributes
     if isinstance(event, McpFailed):
         attributes["turnkeeper.mcp.server"] = event.server
         attributes["error.type"] = event.reason

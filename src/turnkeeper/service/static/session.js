@@ -180,6 +180,23 @@ function describe(envelope) {
         body,
       };
     }
+    case "local.compacted": {
+      // Older turns summarised by a model call of its own: the summary took their place.
+      const summarised = event.end - event.start - event.kept.length;
+      const usage = event.usage;
+      return {
+        title: "Older turns summarised",
+        meta: `${number(summarised)} messages · ~${number(event.estimated)} tokens, over the ${number(event.budget)} budget · ${number(usage.prompt_tokens)} in · ${number(usage.completion_tokens)} out${usage.cost != null ? ` · cost ${usage.cost}` : ""}`,
+        body: [text(textOf(event.message.content) ?? "")],
+      };
+    }
+    case "local.compaction_failed":
+      return {
+        title: "Summary of older turns failed",
+        meta: `~${number(event.estimated)} tokens, over the ${number(event.budget)} budget · the history is sent whole, cut as before`,
+        body: [text(event.error)],
+        error: true,
+      };
     case "local.tool_call": {
       const known = page.calls.get(event.tool_call_id);
       const body = [line("Runs ", strong(event.name), el("span", { class: "muted", text: ` ${event.tool_call_id}` })), code(pretty(event.input))];

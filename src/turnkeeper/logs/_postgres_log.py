@@ -375,8 +375,8 @@ class PostgresLog(SharedLog):
                         anyio.from_thread.run_sync(
                             self._validated, held, owners, sent + self._lease, token=self._token
                         )
-                    except RuntimeError:
-                        # The event loop has ended without closing the log.
+                    except anyio.RunFinishedError:
+                        # The event loop has ended without closing the log: nobody holds.
                         return
                 else:
                     self._lease_until = sent + self._lease

@@ -10,8 +10,10 @@ answered from the log, and a long-poll waits on the log's notifications.
 
 A write of a session the worker no longer owns raises FenceLost and writes nothing; the
 session's task here then ends without another write. A worker whose lease is not known to
-be live starts no model call and no tool; once it is again, it goes on only with the
-sessions it still owns.
+be live starts no model call and no tool, and answers reads from the log, not from its
+records (a worker paused past its lease may have lost sessions it still holds); once its
+lease is renewed and its claims checked, it forgets the records of the sessions taken
+meanwhile and goes on only with those it still owns.
 """
 
 from __future__ import annotations

@@ -95,13 +95,55 @@ def appends_per_second(line: str) -> float:
     return float(line.split()[1])
 
 
+def postmaster(url: str) -> int | None:
+    """The pid of the server's postmaster if the server runs on this machine (its
+    processes' CPU is then counted), else None."""
+    with psycopg.connect(url) as connection:
+        row = connection.execute("SELECT pg_backend_pid()").fetchone()
+        assert row is not None
+        stat = _stat(row[0])
+        if stat is None or stat[0] != "postgres":
+            return None
+        parent = _stat(stat[1])
+        return stat[1] if parent is not None and parent[0] == "postgres" else None
+
+
+def server_cpu(pid: int | None) -> float | None:
+    """CPU seconds used so far by the postmaster `pid` and its children (the backends,
+    the WAL writer, the checkpointer...), those alive now."""
+    if pid is None:
+        return None
+    total = 0.0
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            stat = _stat(int(entry))
+            if stat is not None and (int(entry) == pid or stat[1] == pid):
+                total += stat[2]
+    return total
+
+
+def _stat(pid: int) -> tuple[str, int, float] | None:
+    """A process's name, parent pid and CPU seconds (user and system), from /proc."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    name = text.partition("(")[2].rpartition(")")[0]
+    fields = text.rpartition(")")[2].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return name, int(fields[1]), (int(fields[11]) + int(fields[12])) / ticks
+
+
 async def one_worker(url: str, directory: Path, args: argparse.Namespace) -> dict[int, Any]:
     """Part 1: rows for both logs at each appender count, each on storage of its own (a
-    new SQLite file; PostgreSQL's tables emptied); the median appends/s of each."""
+    new SQLite file; PostgreSQL's tables emptied); the median appends/s of each, and the
+    CPU per append of this process (the event loop, the log's threads, SQLite itself)
+    and of the server's processes (when the server runs on this machine)."""
     counts = [int(count) for count in args.appenders.split(",")]
     header = f"{'log':<8} {'appenders':>9} {'appends/s':>10} {'events/s':>9} {'commits/s':>10} "
-    header += f"{'per commit':>10} {'p50 ms':>8} {'p99 ms':>8}"
+    header += f"{'per commit':>10} {'p50 ms':>8} {'p99 ms':>8} {'CPU us':>7} {'server us':>9}"
     print(header)
+    pid = postmaster(url)
     figures: dict[int, Any] = {}
     runs = 0
     for count in counts:
@@ -117,9 +159,15 @@ async def one_worker(url: str, directory: Path, args: argparse.Namespace) -> dic
                     empty(url)
                     log = PostgresLog(url, worker_id="bench")
                 async with log:
+                    cpu, server_before = time.process_time(), server_cpu(pid)
                     line = await measure(log, partial(getattr, log, "commits"), count, args.seconds)
+                    cpu, server_after = time.process_time() - cpu, server_cpu(pid)
                 found[name].append(appends_per_second(line))
-                print(f"{name:<8} {line}", flush=True)
+                appends = appends_per_second(line) * args.seconds
+                server = "-"
+                if name == "postgres" and server_before is not None and server_after is not None:
+                    server = f"{1e6 * (server_after - server_before) / appends:.1f}"
+                print(f"{name:<8} {line} {1e6 * cpu / appends:>7.1f} {server:>9}", flush=True)
         figures[count] = {name: statistics.median(values) for name, values in found.items()}
     return figures
 

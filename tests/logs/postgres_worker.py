@@ -4,11 +4,13 @@ pause it (SIGSTOP) or kill it.
     python -m tests.logs.postgres_worker URL WORKER_ID LEASE
 
 Commands: `append SESSION EXPECTED_SEQ` appends one message numbered on from
-EXPECTED_SEQ and prints `ok EPOCH` or `error NAME: TEXT`; `quit` closes the log.
+EXPECTED_SEQ and prints `ok EPOCH` or `error NAME: TEXT`; `held` prints `held LEASE_HELD
+{SESSION: EPOCH, ...}` (JSON); `quit` closes the log.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 
 import anyio
@@ -25,6 +27,9 @@ async def serve(url: str, worker_id: str, lease: float) -> None:
             words = line.split()
             if not words or words[0] == "quit":
                 return
+            if words[0] == "held":
+                print(f"held {json.dumps(log.lease_held)} {json.dumps(log.held())}", flush=True)
+                continue
             _, session_id, expected = words
             seq = int(expected) + 1
             event = MessageReceived(text=f"{worker_id} wrote {session_id}#{seq}")

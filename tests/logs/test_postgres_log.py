@@ -448,6 +448,59 @@ async def test_a_worker_paused_past_its_lease_writes_nothing_when_it_resumes(
 
 
 @pytest.mark.anyio
+async def test_a_worker_resumed_after_a_lapse_lets_go_of_the_sessions_taken_meanwhile(
+    postgres_url: str,
+) -> None:
+    worker = start_worker(postgres_url, "paused", lease=1.0)
+    assert worker.stdin is not None
+    assert worker.stdout is not None
+    stdin, stdout = worker.stdin, worker.stdout
+
+    async def ask(line: str) -> str:
+        stdin.write(line + "\n")
+        stdin.flush()
+        return (await anyio.to_thread.run_sync(stdout.readline)).strip()
+
+    async def renewed() -> dict[str, int] | None:
+        _, lease_held, held = (await ask("held")).split(" ", 2)
+        found: dict[str, int] = json.loads(held)
+        return found if json.loads(lease_held) else None
+
+    try:
+        assert (await anyio.to_thread.run_sync(stdout.readline)).strip() == "ready"
+        assert await ask("append taken 0") == "ok 1"
+        assert await ask("append kept 0") == "ok 1"
+        os.kill(worker.pid, signal.SIGSTOP)
+        async with PostgresLog(postgres_url, worker_id="b") as b:
+            # Only one of its sessions moves while it is paused.
+            claim = await eventually(partial(b.claim_session, "taken"))
+            assert claim == Claim("taken", 2, 1, taken_from="paused")
+            os.kill(worker.pid, signal.SIGCONT)
+            # Once its lease is held again, it holds only what is still its own...
+            assert await eventually(renewed) == {"kept": 1}
+            # ...and a write of the other is fenced out without reaching the database.
+            answer = await ask("append taken 1")
+            assert answer == (
+                "error FenceLost: session taken: this worker wrote at epoch 1, but worker b "
+                "owns it (epoch 2): nothing was written"
+            )
+            assert await ask("append kept 1") == "ok 1"
+            assert b.fence_losses == 0
+        assert rows_of(postgres_url, "taken") == [(1, 1)]
+        assert rows_of(postgres_url, "kept") == [(1, 1), (2, 1)]
+        stdin.write("quit\n")
+        stdin.flush()
+        assert worker.wait(timeout=30) == 0
+    finally:
+        if worker.poll() is None:
+            os.kill(worker.pid, signal.SIGCONT)
+            worker.kill()
+        stdin.close()
+        stdout.close()
+        worker.wait()
+
+
+@pytest.mark.anyio
 async def test_two_workers_scanning_at_once_each_take_a_dead_workers_session_once(
     postgres_url: str,
 ) -> None:

@@ -33,6 +33,7 @@ import msgspec
 import psycopg
 import pytest
 
+from tests.logs.test_postgres_log import eventually
 from tests.postgres import new_schema, restartable_server
 from tests.service.server_main import ASK_SPEC, LOOKUP_SPEC, answer_for
 
@@ -363,3 +364,88 @@ async def test_a_fleet_loses_nothing_through_kills_pauses_restarts_and_lost_noti
     counted["seconds"] = round(time.monotonic() - started)
     print("fleet fault test:", counted)
     assert counted["sessions"] == ROUNDS * SESSIONS_PER_ROUND
+
+
+@pytest.mark.anyio
+async def test_a_worker_resumed_after_its_session_moved_answers_as_the_database_does(
+    database: tuple[str, Callable[[], None]], tmp_path: Path
+) -> None:
+    """A worker paused past its lease, whose session at rest another worker took over and
+    moved on, answers for it, once resumed, what the database holds: not what it held
+    when it was paused, neither before its lease is renewed nor after."""
+    postgres_url, _ = database
+    fleet = Fleet(postgres_url, tmp_path)
+    try:
+        paused = await anyio.to_thread.run_sync(fleet.start)
+        other = await anyio.to_thread.run_sync(fleet.start)
+
+        async def status(worker: Worker, session_id: str, wait: float = 0) -> dict[str, Any]:
+            response = await fleet.client.get(
+                f"{worker.base}/v1/sessions/{session_id}", params={"wait": wait}
+            )
+            assert response.status_code == 200, response.text
+            found: dict[str, Any] = response.json()
+            return found
+
+        body = {"spec": _spec(ASK_SPEC), "prompt": "q"}
+        created = await fleet.client.post(f"{paused.base}/v1/sessions", json=body)
+        assert created.status_code == 201, created.text
+        session_id = created.json()["session_id"]
+        asked = await status(paused, session_id, wait=30)
+        assert asked["status"] == "requires_action", asked
+        assert _owned(postgres_url, paused.name) == {session_id: 1}
+
+        paused.paused = True
+        paused.signal(signal.SIGSTOP)
+        # The other worker's scan takes the session over once the lease has run out; it
+        # is answered there, and comes to rest again.
+        await eventually(lambda: _true(_owned(postgres_url, other.name) == {session_id: 2}))
+        results = {"results": [{"tool_use_id": asked["pending"][0]["id"], "text": "yes"}]}
+        answered = await fleet.client.post(
+            f"{other.base}/v1/sessions/{session_id}/tool_results", json=results
+        )
+        assert answered.status_code == 202, answered.text
+        done = await status(other, session_id, wait=30)
+        assert done["status"] == "idle", done
+        assert done["text"] == answer_for("q", "yes")
+
+        paused.signal(signal.SIGCONT)
+        paused.paused = False
+        # At once, before its heartbeat has renewed its lease, and after.
+        assert await status(paused, session_id) == done
+        await eventually(lambda: _true(_live(postgres_url, paused.name)))
+        await anyio.sleep(LEASE / 2)
+        assert await status(paused, session_id) == done
+        assert await status(paused, session_id, wait=1) == done
+        events = await fleet.client.get(
+            f"{paused.base}/v1/sessions/{session_id}/events",
+            params={"after": done["seq"] - 1, "wait": 0},
+        )
+        assert [event["seq"] for event in events.json()["events"]] == [done["seq"]]
+    finally:
+        for worker in fleet.workers:
+            await anyio.to_thread.run_sync(worker.stop)
+        await fleet.client.aclose()
+    with psycopg.connect(postgres_url, autocommit=True) as connection:
+        rows = connection.execute(
+            "SELECT seq, epoch FROM turnkeeper_events WHERE session_id = %s ORDER BY seq",
+            (session_id,),
+        ).fetchall()
+    # The paused worker wrote nothing once it had lost the session.
+    assert [seq for seq, _ in rows] == list(range(1, done["seq"] + 1))
+    assert [epoch for seq, epoch in rows if seq > asked["seq"]] == [2] * (
+        done["seq"] - asked["seq"]
+    )
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+def _live(url: str, name: str) -> bool:
+    """Whether the worker named has a lease running on the database's clock."""
+    with psycopg.connect(url, autocommit=True) as connection:
+        row = connection.execute(
+            "SELECT bool_or(expires > now()) FROM turnkeeper_workers WHERE name = %s", (name,)
+        ).fetchone()
+    return bool(row and row[0])

@@ -62,16 +62,26 @@ _REGISTER = """INSERT INTO turnkeeper_workers (name, expires)
 _RENEW = "UPDATE turnkeeper_workers SET expires = now() + %s * interval '1 second' WHERE id = %s"
 _REREGISTER = """INSERT INTO turnkeeper_workers (id, name, expires)
     VALUES (%s, %s, now() + %s * interval '1 second') ON CONFLICT (id) DO NOTHING"""
+# After a lapse: who owns the sessions this worker held, at what epoch. FOR KEY SHARE waits
+# for the claims that hold one of their rows (FOR UPDATE) to end, and conflicts with
+# nothing else (not the appends' row updates).
+_OWNERS = """SELECT t.session_id, t.owner, t.epoch, w.name FROM turnkeeper_sessions t
+    LEFT JOIN turnkeeper_workers w ON w.id = t.owner
+    WHERE t.session_id = ANY(%s) ORDER BY t.session_id FOR KEY SHARE OF t"""
 # The takeover scan: sessions of workers whose lease has expired, and sessions with no
-# owner that have work waiting.
-_CLAIM = """WITH dead AS (
-        SELECT w.id FROM turnkeeper_workers w WHERE w.expires < now() AND w.id <> %(me)s
-    ), chosen AS (
+# owner that have work waiting. Two statements in one transaction: the first locks the
+# rows (skipping those another worker is claiming), the second claims those that still
+# need it on a snapshot of its own, taken after the locks. So a worker that renewed its
+# lease before the second began keeps its sessions, and one that validates its sessions
+# after renewing (_OWNERS, which waits for these locks) sees every claim of them that
+# did not see the renewal.
+_NEEDS_OWNER = """((t.owner IS NULL AND (t.active OR t.inbox_pending > 0)) OR t.owner IN (
+        SELECT w.id FROM turnkeeper_workers w WHERE w.expires < now() AND w.id <> %(me)s))"""
+_CLAIM_LOCK = f"""SELECT t.session_id FROM turnkeeper_sessions t WHERE {_NEEDS_OWNER}
+    LIMIT %(limit)s FOR UPDATE OF t SKIP LOCKED"""
+_CLAIM = f"""WITH chosen AS (
         SELECT t.session_id, t.owner AS previous FROM turnkeeper_sessions t
-        WHERE (t.owner IS NULL AND (t.active OR t.inbox_pending > 0))
-            OR t.owner IN (SELECT dead.id FROM dead)
-        LIMIT %(limit)s
-        FOR UPDATE OF t SKIP LOCKED
+        WHERE t.session_id = ANY(%(locked)s) AND {_NEEDS_OWNER}
     )
     UPDATE turnkeeper_sessions t SET owner = %(me)s, epoch = t.epoch + 1
     FROM chosen WHERE t.session_id = chosen.session_id
@@ -81,9 +91,12 @@ _CLAIM = """WITH dead AS (
 _FORGET_WORKERS = """DELETE FROM turnkeeper_workers w
     WHERE w.expires < now() - interval '10 minutes' AND w.id <> %s
     AND NOT EXISTS (SELECT 1 FROM turnkeeper_sessions t WHERE t.owner = w.id)"""
+# One session, claimed as the scan claims (the row locked first, then claimed on a
+# snapshot taken after the lock); no row if another live worker owns it, or it has no row.
+_LOCK_ONE = "SELECT 1 FROM turnkeeper_sessions WHERE session_id = %s FOR UPDATE"
 _CLAIM_ONE = """WITH chosen AS (
         SELECT t.session_id, t.owner AS previous FROM turnkeeper_sessions t
-        WHERE t.session_id = %(session)s FOR UPDATE
+        WHERE t.session_id = %(session)s
     )
     UPDATE turnkeeper_sessions t SET owner = %(me)s,
         epoch = CASE WHEN chosen.previous IS NOT DISTINCT FROM %(me)s THEN t.epoch
@@ -94,7 +107,6 @@ _CLAIM_ONE = """WITH chosen AS (
             WHERE w.id = chosen.previous AND w.expires >= now()))
     RETURNING t.epoch, t.last_seq, chosen.previous,
         (SELECT w.name FROM turnkeeper_workers w WHERE w.id = chosen.previous)"""
-_EXISTS = "SELECT 1 FROM turnkeeper_sessions WHERE session_id = %s"
 _RELEASE = """UPDATE turnkeeper_sessions SET owner = NULL, active = %s
     WHERE owner = %s AND session_id = ANY(%s) RETURNING session_id"""
 _RELEASE_ALL = """UPDATE turnkeeper_sessions SET owner = NULL, active = %s
@@ -155,6 +167,7 @@ class PostgresLog(SharedLog):
     _pool: psycopg_pool.ConnectionPool[Connection]
     _waiters: Waiters
     _listener: Listener
+    _token: anyio.lowlevel.EventLoopToken
 
     def __init__(
         self,
@@ -219,7 +232,7 @@ class PostgresLog(SharedLog):
     def lease_held(self) -> bool:
         if self._state != "open" or self.read_only:
             return False
-        return time.monotonic() < self._lease_until - self._lease * _HELD_MARGIN
+        return self._lease_live(time.monotonic())
 
     @property
     def takeovers(self) -> int:
@@ -250,6 +263,7 @@ class PostgresLog(SharedLog):
             self._writer = Writer(
                 self._connect_writer, self._where, self._worker, self._channel, self._settle
             )
+            self._token = anyio.lowlevel.current_token()
             self._heartbeat = threading.Thread(
                 target=self._beat, name=f"turnkeeper heartbeat {self._where}", daemon=True
             )
@@ -322,13 +336,21 @@ class PostgresLog(SharedLog):
 
     def _beat(self) -> None:
         """In the heartbeat thread: renew the lease until closed, sooner after a failure,
-        on a connection of its own (so that no number of reads can hold a renewal up)."""
+        on a connection of its own (so that no number of reads can hold a renewal up).
+
+        A renewal after a lapse (sent once the lease was no longer held: the worker was
+        paused, or cut off from the database) may come after other workers took sessions
+        of this one. It finds out which (`_OWNERS`) and lets go of them (`_validated`)
+        before the lease is held again, so that no claim of this worker's is trusted
+        that was taken meanwhile."""
         interval = self._lease / _RENEWALS_PER_LEASE
         wait = interval
         connection: Connection | None = None
         try:
             while not self._stop.wait(wait):
                 sent = time.monotonic()
+                lapsed = not self._lease_live(sent)
+                held = dict(self._held) if lapsed else {}
                 try:
                     if connection is None or connection.broken:
                         if connection is not None:
@@ -344,14 +366,43 @@ class PostgresLog(SharedLog):
                         connection.execute(
                             _REREGISTER, (self._worker, self._worker_id, self._lease)
                         )
+                    owners = connection.execute(_OWNERS, (list(held),)).fetchall() if held else []
                 except psycopg.Error:
                     wait = min(1.0, interval)
                     continue
-                self._lease_until = sent + self._lease
+                if lapsed:
+                    try:
+                        anyio.from_thread.run_sync(
+                            self._validated, held, owners, sent + self._lease, token=self._token
+                        )
+                    except anyio.RunFinishedError:
+                        # The event loop has ended without closing the log: nobody holds.
+                        return
+                else:
+                    self._lease_until = sent + self._lease
                 wait = interval
         finally:
             if connection is not None:
                 connection.close()
+
+    def _validated(
+        self, held: dict[str, int], owners: list[tuple[Any, ...]], lease_until: float
+    ) -> None:
+        """On the event loop, after a renewal that followed a lapse: let go of the sessions
+        held then (`held`) that another worker has claimed since (`owners`: each one's
+        owner and epoch now), as a fence lost, then hold the lease again."""
+        now = {session_id: (owner, epoch, name) for session_id, owner, epoch, name in owners}
+        for session_id, epoch in held.items():
+            owner, current, name = now.get(session_id, (None, 0, None))
+            if (owner, current) == (self._worker, epoch) or self._held.get(session_id) != epoch:
+                # Still this worker's; or claimed again since `held` was read.
+                continue
+            del self._held[session_id]
+            self._lost[session_id] = FenceLost(session_id, held=epoch, owner=name, epoch=current)
+        self._lease_until = lease_until
+
+    def _lease_live(self, now: float) -> bool:
+        return now < self._lease_until - self._lease * _HELD_MARGIN
 
     # -- appends --------------------------------------------------------------------------
 
@@ -534,7 +585,13 @@ class PostgresLog(SharedLog):
         await self._ready_to_write()
 
         def claim(connection: Connection) -> list[tuple[Any, ...]]:
-            rows = connection.execute(_CLAIM, {"me": self._worker, "limit": limit}).fetchall()
+            rows: list[tuple[Any, ...]] = []
+            with connection.transaction():
+                parameters: dict[str, Any] = {"me": self._worker, "limit": limit}
+                locked = [row[0] for row in connection.execute(_CLAIM_LOCK, parameters)]
+                if locked:
+                    parameters["locked"] = locked
+                    rows = connection.execute(_CLAIM, parameters).fetchall()
             connection.execute(_FORGET_WORKERS, (self._worker,))
             return rows
 
@@ -550,11 +607,15 @@ class PostgresLog(SharedLog):
             return Claim(session_id, 0, 0)
 
         def claim(connection: Connection) -> tuple[Any, ...] | None:
-            row = connection.execute(_CLAIM_ONE, {"me": self._worker, "session": session_id})
-            found = row.fetchone()
-            if found is None and connection.execute(_EXISTS, (session_id,)).fetchone() is None:
+            # One trip to the server for the transaction's four statements.
+            with connection.pipeline(), connection.transaction():
+                exists = connection.execute(_LOCK_ONE, (session_id,))
+                claimed = connection.execute(
+                    _CLAIM_ONE, {"me": self._worker, "session": session_id}
+                )
+            if exists.fetchone() is None:
                 return ()
-            return found
+            return claimed.fetchone()
 
         found = await self._on_connection(claim, again=True)
         if found is None:

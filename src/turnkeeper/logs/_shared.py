@@ -121,8 +121,10 @@ class SharedLog(EventLog):
     def lease_held(self) -> bool:
         """Whether this worker's lease is known to be live for a while yet: False once
         heartbeats have failed for long enough that other workers may soon take its
-        sessions. A worker that sees False starts no model call and no tool (appends stay
-        fenced either way)."""
+        sessions, and, after that, until a heartbeat has renewed the lease and the log has
+        let go of the sessions other workers claimed meanwhile (each then held as lost:
+        `epoch` is None). A worker that sees False starts no model call and no tool, and
+        trusts nothing it keeps of its sessions (appends stay fenced either way)."""
 
     @property
     @abstractmethod

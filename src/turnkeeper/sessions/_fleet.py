@@ -10,8 +10,10 @@ answered from the log, and a long-poll waits on the log's notifications.
 
 A write of a session the worker no longer owns raises FenceLost and writes nothing; the
 session's task here then ends without another write. A worker whose lease is not known to
-be live starts no model call and no tool; once it is again, it goes on only with the
-sessions it still owns.
+be live starts no model call and no tool, and answers reads from the log, not from its
+records (a worker paused past its lease may have lost sessions it still holds); once its
+lease is renewed and its claims checked, it forgets the records of the sessions taken
+meanwhile and goes on only with those it still owns.
 """
 
 from __future__ import annotations
@@ -28,7 +30,10 @@ from turnkeeper.core import (
     ApprovalDecision,
     GuardConfig,
     InputError,
+    LogCorrupt,
     LogError,
+    ReplayError,
+    SeqError,
     ToolResult,
     check_seconds,
 )
@@ -130,7 +135,9 @@ class FleetHost(FleetOwner):
         except FenceLost:
             # Another live worker owns a session of that id.
             raise InputError(f"session_id: {session_id} already exists") from None
-        self._fresh.add(started)
+        epoch = self.shared.epoch(started)
+        if epoch is not None:
+            self._fresh[started] = epoch
         return started
 
     async def send(self, session_id: str, text: str, *, request_id: str | None = None) -> None:
@@ -228,7 +235,7 @@ class FleetHost(FleetOwner):
                     continue
                 except LogError:
                     # Logged or not, we cannot tell: the next request reads the log again.
-                    self._fresh.discard(session_id)
+                    self._fresh.pop(session_id, None)
                     raise
                 return
         else:
@@ -314,17 +321,34 @@ class FleetHost(FleetOwner):
             except UnknownSession:
                 await self.shared.consume(item, (), expected_seq=0, outcome=outcome)
 
+    async def status(self, session_id: str) -> SessionInfo:
+        """As Host.status; of a session this worker is not sure to have in step (owned
+        elsewhere, or maybe lost while its lease was in doubt), from the log."""
+        if isinstance(session_id, str):
+            held = self._sessions.get(session_id)
+            if held is not None and held.running and not self._trusted(session_id):
+                # Its task here may be behind the log (it ends at its next write if the
+                # session moved); a record read anew says where the session is.
+                try:
+                    return self._info(await self._read(session_id))
+                except (ReplayError, SeqError, LogCorrupt):
+                    pass  # Damaged: Host.status quarantines it.
+        return await super().status(session_id)
+
     async def result(self, session_id: str, *, wait: float | None = None) -> SessionInfo:
         """As Host.result; of a session owned elsewhere, waiting on the log."""
         if wait is not None:
             check_seconds("wait", wait, optional=True)
         deadline = anyio.current_time() + (math.inf if wait is None else wait)
         while True:
-            if self._owned(session_id) and session_id in self._fresh:
+            if self._trusted(session_id):
                 remaining = deadline - anyio.current_time()
-                return await super().result(
-                    session_id, wait=None if math.isinf(remaining) else max(0.0, remaining)
-                )
+                waited = None if math.isinf(remaining) else max(0.0, remaining)
+                info = await self._in_memory(session_id, super().result(session_id, wait=waited))
+                if info is not None and self._trusted(session_id):
+                    return info
+                # Forgotten meanwhile, or the lease in doubt: from the log.
+                continue
             info = await self.status(session_id)
             remaining = deadline - anyio.current_time()
             if info.status != "running" or remaining <= 0 or self._stopping:
@@ -335,10 +359,16 @@ class FleetHost(FleetOwner):
 
     async def events(self, session_id: str, *, after: int = 0, wait: float = 0.0) -> list[Envelope]:
         """As Host.events; of a session owned elsewhere, a long-poll waits on the log."""
-        if self._owned(session_id) and session_id in self._fresh:
-            return await super().events(session_id, after=after, wait=wait)
-        found = await super().events(session_id, after=after, wait=0.0)
+        check_seconds("wait", wait)
         deadline = anyio.current_time() + wait
+        while self._trusted(session_id):
+            remaining = max(0.0, deadline - anyio.current_time())
+            found = await self._in_memory(
+                session_id, super().events(session_id, after=after, wait=remaining)
+            )
+            if found is not None:
+                return found
+        found = await super().events(session_id, after=after, wait=0.0)
         while not found and not self._stopping:
             remaining = deadline - anyio.current_time()
             if remaining <= 0:

@@ -8,9 +8,9 @@ from __future__ import annotations
 import hashlib
 import logging
 import random
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 import anyio
 import msgspec
@@ -39,6 +39,7 @@ from turnkeeper.sessions._host_records import (
 from turnkeeper.state import fold
 
 _log = json_log(logging.getLogger("turnkeeper.fleet"))
+_T = TypeVar("_T")
 
 # The takeover scan's mean interval at the default lease (10 s), and its least number
 # per lease when the lease is short.
@@ -123,8 +124,12 @@ class FleetOwner(Host):
         self.outcome_wait = (
             log.lease + 2 * self.scan_interval + 1.0 if outcome_wait is None else outcome_wait
         )
-        # Sessions owned whose record is in step with the log under the claim held.
-        self._fresh: set[str] = set()
+        # Sessions owned whose record is in step with the log, each with the epoch of the
+        # claim it is in step under: a claim lost, or made again, leaves it behind.
+        self._fresh: dict[str, int] = {}
+        # The API calls waiting on a record in memory, per session: cancelled when the
+        # record is forgotten, to go on from the log.
+        self._watchers: dict[str, set[anyio.CancelScope]] = {}
         # Sessions being taken up: none gets a task until `_adopt` has finished.
         self._adopting: set[str] = set()
         self._adopt_locks: dict[str, anyio.Lock] = {}
@@ -150,6 +155,7 @@ class FleetOwner(Host):
         """The takeover scan, about every `scan_interval` seconds (jittered, so that the
         workers' scans spread out)."""
         while True:
+            self._forget_lost()
             if self._accepting and self.shared.lease_held:
                 try:
                     claims = await self.shared.claim()
@@ -186,10 +192,18 @@ class FleetOwner(Host):
     def _owned(self, session_id: str) -> bool:
         return self.shared.epoch(session_id) is not None
 
+    def _trusted(self, session_id: str) -> bool:
+        """Whether this worker's record of the session is the session as it is: owned,
+        in step with the log under the claim held, and the lease known to be live (a
+        worker paused past its lease, or cut off, may have lost sessions it still holds
+        until its lease is renewed and its claims checked)."""
+        epoch = self.shared.epoch(session_id)
+        return epoch is not None and self._fresh.get(session_id) == epoch and self.shared.lease_held
+
     async def _own(self, session_id: str) -> bool:
         """Whether this worker owns the session, claiming it if no live worker does, with
         its record in step with the log; False if another live worker owns it."""
-        if session_id in self._fresh and self._owned(session_id):
+        if self._trusted(session_id):
             return True
         claim = await self.shared.claim_session(session_id)
         if claim is None:
@@ -205,8 +219,17 @@ class FleetOwner(Host):
         session_id = claim.session_id
         lock = self._adopt_locks.setdefault(session_id, anyio.Lock())
         async with lock:
-            if session_id in self._fresh and self._owned(session_id):
+            if self._trusted(session_id):
                 return
+            epoch = self.shared.epoch(session_id)
+            if epoch is None:
+                # Lost again while waiting for the lock.
+                return
+            held = self._sessions.get(session_id)
+            if held is not None and held.running and self._fresh.get(session_id) != epoch:
+                # The task of an earlier claim (the session was lost and claimed again):
+                # it ends, and the session is taken up from the log.
+                self._forget(session_id)
             if claim.taken_from is not None:
                 _log.info(
                     "fleet.takeover",
@@ -219,7 +242,7 @@ class FleetOwner(Host):
             self._adopting.add(session_id)
             try:
                 async with self._use(session_id):
-                    self._fresh.add(session_id)
+                    self._fresh[session_id] = epoch
             except (UnknownSession, LogError, ReplayError) as exc:
                 # No events yet (only inbox items), or none that rebuild: consumed or
                 # refused as requests come.
@@ -243,7 +266,14 @@ class FleetOwner(Host):
             epoch=lost.epoch,
             worker=self.shared.worker_id,
         )
-        self._fresh.discard(session_id)
+        self._forget(session_id)
+
+    def _forget(self, session_id: str) -> None:
+        """Forget the record of a session: its task ends, the calls waiting on it go on
+        from the log, and its next use here reads it from the log."""
+        self._fresh.pop(session_id, None)
+        for scope in self._watchers.pop(session_id, ()):
+            scope.cancel()
         session = self._sessions.get(session_id)
         if session is not None and session.running:
             # Its task ends by itself (its next write raises FenceLost too): the record
@@ -254,11 +284,39 @@ class FleetOwner(Host):
         self._dropped.pop(session_id, None)
         self._dropped_crashes.pop(session_id, None)
 
+    def _forget_lost(self) -> None:
+        """Forget the records kept in step under a claim this worker no longer holds at
+        that epoch (its log let go of the claim: see SharedLog.lease_held)."""
+        for session_id, epoch in list(self._fresh.items()):
+            if self.shared.epoch(session_id) != epoch and session_id not in self._adopting:
+                _log.warning(
+                    "fleet.claim_lost",
+                    session_id=session_id,
+                    epoch=epoch,
+                    worker=self.shared.worker_id,
+                )
+                self._forget(session_id)
+
+    async def _in_memory(self, session_id: str, call: Awaitable[_T]) -> _T | None:
+        """What `call` (an API call of the Host's, on the record in memory) returns; None
+        if the record is forgotten meanwhile."""
+        scope = anyio.CancelScope()
+        watchers = self._watchers.setdefault(session_id, set())
+        watchers.add(scope)
+        try:
+            with scope:
+                return await call
+            return None
+        finally:
+            watchers.discard(scope)
+            if not watchers and self._watchers.get(session_id) is watchers:
+                del self._watchers[session_id]
+
     def _set_aside(self, session: _Session, exc: BaseException) -> None:
         """Forget the record of a session still owned, for the scan to take it up again."""
         session_id = session.state.session_id
         _log.warning("fleet.set_aside", session_id=session_id, error=str(exc))
-        self._fresh.discard(session_id)
+        self._fresh.pop(session_id, None)
         if self._sessions.get(session_id) is session:
             del self._sessions[session_id]
         self._resting.pop(session_id, None)
@@ -306,7 +364,7 @@ class FleetOwner(Host):
     async def _load(self, session_id: str) -> _Session:
         if isinstance(session_id, str):
             held = self._sessions.get(session_id)
-            if held is not None and not held.running and session_id not in self._fresh:
+            if held is not None and not held.running and not self._trusted(session_id):
                 try:
                     await self._catch_up(held)
                 except (ReplayError, LogError) as exc:
@@ -319,7 +377,11 @@ class FleetOwner(Host):
         except BaseException as exc:
             lost = _fence_lost(exc)
             if lost is not None:
-                self._lose(session.state.session_id, lost)
+                session_id = session.state.session_id
+                self._lose(session_id, lost)
+                if self._owned(session_id):
+                    # Claimed again meanwhile (`_leased`): the next scan takes it up.
+                    self._aside.add(session_id)
                 return
             if not _database_failed(exc):
                 raise

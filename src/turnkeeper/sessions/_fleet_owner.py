@@ -129,7 +129,7 @@ class FleetOwner(Host):
         self._fresh: dict[str, int] = {}
         # The API calls waiting on a record in memory, per session: cancelled when the
         # record is forgotten, to go on from the log.
-        self._watchers: dict[str, set[anyio.CancelScope]] = {}
+        self._record_waiters: dict[str, set[anyio.CancelScope]] = {}
         # Sessions being taken up: none gets a task until `_adopt` has finished.
         self._adopting: set[str] = set()
         self._adopt_locks: dict[str, anyio.Lock] = {}
@@ -272,7 +272,7 @@ class FleetOwner(Host):
         """Forget the record of a session: its task ends, the calls waiting on it go on
         from the log, and its next use here reads it from the log."""
         self._fresh.pop(session_id, None)
-        for scope in self._watchers.pop(session_id, ()):
+        for scope in self._record_waiters.pop(session_id, ()):
             scope.cancel()
         session = self._sessions.get(session_id)
         if session is not None and session.running:
@@ -301,7 +301,7 @@ class FleetOwner(Host):
         """What `call` (an API call of the Host's, on the record in memory) returns; None
         if the record is forgotten meanwhile."""
         scope = anyio.CancelScope()
-        watchers = self._watchers.setdefault(session_id, set())
+        watchers = self._record_waiters.setdefault(session_id, set())
         watchers.add(scope)
         try:
             with scope:
@@ -309,8 +309,8 @@ class FleetOwner(Host):
             return None
         finally:
             watchers.discard(scope)
-            if not watchers and self._watchers.get(session_id) is watchers:
-                del self._watchers[session_id]
+            if not watchers and self._record_waiters.get(session_id) is watchers:
+                del self._record_waiters[session_id]
 
     def _set_aside(self, session: _Session, exc: BaseException) -> None:
         """Forget the record of a session still owned, for the scan to take it up again."""

@@ -339,7 +339,7 @@ class HostActor(HostBase):
             await self._compact(session)
             self._count("model_calls")
             sink = None
-            if self._watchers:
+            if self._delta_watchers:
                 sink = self._delta_sink(session.state.session_id, session.state.seq)
             called = await call_model(self.chat, build_request(session.state), sink)
         finally:

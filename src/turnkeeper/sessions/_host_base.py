@@ -182,7 +182,7 @@ class HostBase:
         self._stopping = False
         # Subscribers to each watched session's deltas (`HostDeltas`), empty most often,
         # and the streams `deltas` gives, which a stop ends.
-        self._watchers: dict[str, list[Callable[[TokenDelta], object]]] = {}
+        self._delta_watchers: dict[str, list[Callable[[TokenDelta], object]]] = {}
         self._delta_streams: set[MemoryObjectSendStream[TokenDelta]] = set()
 
     if TYPE_CHECKING:

@@ -73,23 +73,23 @@ class HostDeltas(HostBase):
         called). UnknownSession if the host has no such session."""
         async with self._use(session_id):
             pass
-        watchers = self._watchers.setdefault(session_id, [])
+        watchers = self._delta_watchers.setdefault(session_id, [])
         watchers.append(on_delta)
         try:
             yield
         finally:
             watchers.remove(on_delta)
             if not watchers:
-                del self._watchers[session_id]
+                del self._delta_watchers[session_id]
 
     def _delta_sink(self, session_id: str, after: int) -> DeltaSink | None:
         """A sink for the session's next model call if anyone watches it, else None."""
-        if session_id not in self._watchers:
+        if session_id not in self._delta_watchers:
             return None
         return DeltaSink(self._deliver, session_id, after)
 
     def _deliver(self, delta: TokenDelta) -> None:
-        for on_delta in self._watchers.get(delta.session_id, ()):
+        for on_delta in self._delta_watchers.get(delta.session_id, ()):
             try:
                 on_delta(delta)
             except Exception as exc:

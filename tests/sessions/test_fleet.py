@@ -13,10 +13,12 @@ import anyio
 import pytest
 
 from tests.logs.test_postgres_log import eventually, expire, query
+from tests.providers.openai_server import Streamed, completion, serve_chat
 from tests.service.server_main import ASK_SPEC, LOOKUP_SPEC, answer_for, chat
 from turnkeeper.core import AgentSpec, InputError, ToolResult
-from turnkeeper.events import ToolMayHaveRun, ToolReturned
+from turnkeeper.events import TokenDelta, ToolMayHaveRun, ToolReturned
 from turnkeeper.logs import PostgresLog
+from turnkeeper.providers import OpenAIChat, aclose_shared_client
 from turnkeeper.sessions import (
     FleetHost,
     SessionInfo,
@@ -295,3 +297,33 @@ async def test_the_scan_runs_every_second_or_every_eighth_of_a_short_lease(
     intervals = {lease: scan_interval(lease) for lease in (10.0, 8.0, 2.0, 0.5)}
     assert intervals == {10.0: 1.0, 8.0: 1.0, 2.0: 0.25, 0.5: 0.0625}
     assert scan_interval(2.0, scan_interval=0.7) == 0.7
+
+
+@pytest.mark.anyio
+async def test_the_worker_running_a_session_streams_its_replies_to_a_watcher(
+    postgres_url: str,
+) -> None:
+    answer = "Streamed from the worker that owns the session."
+    async with serve_chat(Streamed(completion(answer, id="chatcmpl-f"), size=5)) as server:
+        try:
+            async with (
+                PostgresLog(postgres_url, worker_id="a", lease=5.0, requery=0.2) as log,
+                FleetHost(chat=OpenAIChat(server.base_url), log=log, scan_interval=0.2) as host,
+            ):
+                session_id = await host.start(AgentSpec(), None, session_id="streamed")
+                got: list[TokenDelta] = []
+                async with host.deltas(session_id) as deltas:
+                    await host.send(session_id, "Say it.")
+                    info = await host.result(session_id, wait=30)
+                    while True:
+                        try:
+                            got.append(deltas.receive_nowait())
+                        except anyio.WouldBlock:
+                            break
+        finally:
+            await aclose_shared_client()
+    assert info.text == answer
+    assert server.received[0].body.get("stream") is True
+    assert len(got) > 1
+    assert "".join(d.text for d in got) == answer
+    check_log(postgres_url, "streamed")

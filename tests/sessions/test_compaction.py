@@ -47,7 +47,7 @@ from turnkeeper.events import (
     Envelope,
     ModelResponded,
 )
-from turnkeeper.logs import MemoryLog, SqliteLog
+from turnkeeper.logs import EventLog, MemoryLog, SqliteLog
 from turnkeeper.providers import ScriptedChat, text_response, tool_response, with_retry
 from turnkeeper.sessions import open_session
 from turnkeeper.sessions._compaction import SUMMARY_LEAD
@@ -384,35 +384,43 @@ async def test_host_logs_the_summary_and_counts_its_call_and_cost() -> None:
         assert recheck(events) is None
 
 
+# A session that compacts, then waits for a person (`PARKED_PROMPT`), and the answer
+# that lets it finish.
+PARKED_PROMPT = "take 6 steps then ask"
+PARKED_ANSWER = (ToolResult("ask-1", "go on"),)
+
+
+async def run_live(log: EventLog, chat: Ledger) -> tuple[int, list[Envelope]]:
+    """Run the parked session on one Host from start to end, answering it when it waits:
+    how many model calls came before the wait, and the session's events."""
+    async with Host(chat=chat, log=log, tools={"step": step}) as host:
+        await host.start(SPEC, PARKED_PROMPT, session_id="s")
+        assert (await host.result("s", wait=30)).status == "requires_action"
+        parked = len(chat.requests)
+        await host.submit_tool_results("s", PARKED_ANSWER)
+        assert (await host.result("s", wait=30)).text == "finished 6 steps"
+        return parked, await log.read("s")
+
+
 async def test_a_new_host_sends_what_the_live_one_would(tmp_path: Path) -> None:
     """Two logs of the same session: on one the Host goes on live; on the other it stops
     where the session waits for a person (after its summaries), and a new Host takes it
     up. Both are sent the same messages from there."""
-    prompt = "take 6 steps then ask"
     live_chat, first_chat, taken_chat = Ledger(), Ledger(), Ledger()
-    answer = [ToolResult("ask-1", "go on")]
-    async with (
-        SqliteLog(tmp_path / "live.sqlite") as log,
-        Host(chat=live_chat, log=log, tools={"step": step}) as host,
-    ):
-        await host.start(SPEC, prompt, session_id="s")
-        assert (await host.result("s", wait=30)).status == "requires_action"
-        parked = len(live_chat.requests)
-        await host.submit_tool_results("s", answer)
-        assert (await host.result("s", wait=30)).text == "finished 6 steps"
-        live = await log.read("s")
+    async with SqliteLog(tmp_path / "live.sqlite") as log:
+        parked, live = await run_live(log, live_chat)
     async with (
         SqliteLog(tmp_path / "taken.sqlite") as log,
         Host(chat=first_chat, log=log, tools={"step": step}) as host,
     ):
-        await host.start(SPEC, prompt, session_id="s")
+        await host.start(SPEC, PARKED_PROMPT, session_id="s")
         assert (await host.result("s", wait=30)).status == "requires_action"
     async with (
         SqliteLog(tmp_path / "taken.sqlite") as log,
         Host(chat=taken_chat, log=log, tools={"step": step}) as host,
     ):
         assert (await host.status("s")).status == "requires_action"
-        await host.submit_tool_results("s", answer)
+        await host.submit_tool_results("s", PARKED_ANSWER)
         assert (await host.result("s", wait=30)).text == "finished 6 steps"
         taken = await log.read("s")
     assert events_of(live, Compacted)

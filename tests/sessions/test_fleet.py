@@ -41,11 +41,13 @@ async def lookup(key: str) -> str:
 
 @asynccontextmanager
 async def worker(
-    url: str, name: str, *, lease: float = 5.0, tools: Any = None
+    url: str, name: str, *, lease: float = 5.0, tools: Any = None, model: Any = chat
 ) -> AsyncIterator[FleetHost]:
     async with (
         PostgresLog(url, worker_id=name, lease=lease, requery=0.2) as log,
-        FleetHost(chat=chat, log=log, tools=tools or {"lookup": lookup}, scan_interval=0.2) as host,
+        FleetHost(
+            chat=model, log=log, tools=tools or {"lookup": lookup}, scan_interval=0.2
+        ) as host,
     ):
         yield host
 

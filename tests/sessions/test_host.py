@@ -41,6 +41,7 @@ from turnkeeper.events import (
     MessageReceived,
     ModelResponded,
     ToolReturned,
+    encode_envelope,
 )
 from turnkeeper.logs import JsonlLog, MemoryLog, SqliteLog
 from turnkeeper.providers import ScriptedChat, text_response, tool_response
@@ -652,6 +653,76 @@ async def test_long_polls_woken_by_one_change_share_a_read() -> None:
         # Each poll has a list of its own.
         found[0].clear()
         assert found[1]
+
+
+class CountingSqliteLog(SqliteLog):
+    """A SqliteLog counting the reads of session events."""
+
+    reads = 0
+
+    async def read(
+        self, session_id: str, *, after: int = 0, limit: int | None = None
+    ) -> list[Envelope]:
+        self.reads += 1
+        return await super().read(session_id, after=after, limit=limit)
+
+
+async def test_a_follower_gets_each_event_once_as_logged_without_reading_it_back(
+    tmp_path: Path,
+) -> None:
+    """A long-poll following a session, each from the seq of the last event it has, gets
+    every event once and in order, as the file holds them, from the host's memory."""
+    async with CountingSqliteLog(tmp_path / "log.sqlite") as log:
+        async with Host(chat=stepper(), log=log, tools=step_tool()) as host:
+            session_id = await host.start(SPEC, None)
+            first = (await host.status(session_id)).seq
+            followed: list[Envelope] = []
+            prompts = [prompt_for(steps, str(steps)) for steps in (1, 3, 2)]
+
+            last: list[int] = []
+            caught_up = anyio.Event()
+
+            async def follow() -> None:
+                after = first
+                while True:
+                    found = await host.events(session_id, after=after, wait=30)
+                    followed.extend(found)
+                    after = found[-1].seq if found else after
+                    if last and after >= last[0]:
+                        caught_up.set()
+
+            with anyio.fail_after(20):
+                async with anyio.create_task_group() as group:
+                    group.start_soon(follow)
+                    await anyio.wait_all_tasks_blocked()
+                    reads = log.reads
+                    for prompt in prompts:
+                        await host.send(session_id, prompt)
+                        await settle(host, session_id)
+                    last.append((await host.status(session_id)).seq)
+                    if not followed or followed[-1].seq < last[0]:
+                        await caught_up.wait()
+                    group.cancel_scope.cancel()
+            assert log.reads == reads
+        logged = await log.read(session_id, after=first)
+    assert [encode_envelope(e) for e in followed] == [encode_envelope(e) for e in logged]
+    assert [e.seq for e in followed] == list(range(first + 1, first + 1 + len(logged)))
+
+
+async def test_a_poll_from_before_the_last_events_reads_the_log() -> None:
+    """The events the host keeps for followers serve only a poll they cover: one from
+    an earlier seq gets the session's whole log past it."""
+    log = CountingLog()
+    async with Host(chat=stepper(), log=log, tools=step_tool()) as host:
+        session_id = await host.start(SPEC, None)
+        assert await host.events(session_id, after=1, wait=0) == []
+        await host.send(session_id, prompt_for(4))
+        await settle(host, session_id)
+        reads = log.reads
+        found = await host.events(session_id, after=1)
+        assert log.reads == reads + 1
+        assert found == await log.read(session_id, after=1)
+        assert len(found) > 8
 
 
 async def test_a_stop_ends_long_polls_and_later_ones_do_not_wait() -> None:

@@ -200,6 +200,9 @@ class FleetOwner(Host):
         epoch = self.shared.epoch(session_id)
         return epoch is not None and self._fresh.get(session_id) == epoch and self.shared.lease_held
 
+    def _tail_trusted(self, session: _Session) -> bool:
+        return self._trusted(session.state.session_id)
+
     async def _own(self, session_id: str) -> bool:
         """Whether this worker owns the session, claiming it if no live worker does, with
         its record in step with the log; False if another live worker owns it."""

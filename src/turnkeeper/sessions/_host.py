@@ -384,12 +384,22 @@ class Host(HostActor, HostRecovery, HostResting, HostApprovals, HostForks, HostD
     async def _read_after(
         self, session: _Session, after: int, changed: anyio.Event
     ) -> list[Envelope]:
-        """The session's events after seq `after`: from a read another poll began since
-        `changed` became the change event, if there is one, else from a read of its own.
-        (A thousand polls woken by one change made a thousand reads.)"""
+        """The session's events after seq `after`: none if the session has none past it,
+        those it logged last if they are all of them (`_keep_tail`), else from a read
+        another poll began since `changed` became the change event, if there is one, else
+        from a read of its own. (A thousand polls woken by one change made a thousand
+        reads; a stream of deltas' followers read each event back twice.)"""
         reads = session.reads
         if reads is None:
+            # From now on the session keeps a tail of its events for its followers.
             reads = session.reads = {}
+        if session.logged is not None and self._tail_trusted(session):
+            seq = session.state.seq
+            if after >= seq:
+                return []
+            tail = session.tail
+            if tail is not None and tail[-1].seq == seq and tail[0].seq <= after + 1:
+                return list(tail[after + 1 - tail[0].seq :])
         shared = reads.get(after)
         if shared is not None and shared.changed is changed:
             await shared.done.wait()

@@ -75,6 +75,9 @@ def json_log(std_log: logging.Logger) -> Any:
 _std_log = logging.getLogger("turnkeeper.host")
 _log = json_log(_std_log)
 _CALLS = frozenset(("local.model_response", "local.compacted", "local.compaction_failed"))
+# A commit is one to three events: enough for a follower a few commits behind, little to
+# hold per followed session.
+_TAIL = 8
 """The events of model calls, whose usage carries a cost."""
 
 
@@ -232,10 +235,17 @@ class HostBase:
                     await self._take_up_log(session)
                 raise
             session.logged = _logged(events[-1])
+            if session.reads is not None:
+                _keep_tail(session, events)
             if session.span is not None:
                 session.span.record(events)
         session.state = state
         self._note(session)
+
+    def _tail_trusted(self, session: _Session) -> bool:
+        """Whether the session's record is in step with the log, so that its seq is the
+        log's last and its tail the log's own events (a shared log's owner says)."""
+        return True
 
     async def _take_up_log(self, session: _Session) -> None:
         """After an append from the API raised: if it was written all the same, take up
@@ -429,3 +439,13 @@ class HostBase:
         is not one of that type: its run ended `invalid_output`)."""
         kind = None if state.output is None else self._output_type(state)
         return state.output if kind is None else decoded(state, kind)[0]
+
+
+def _keep_tail(session: _Session, events: Sequence[Envelope]) -> None:
+    """Keep the last `_TAIL` events the session logged, `events` the newest, for the
+    followers `Host._read_after` serves from memory."""
+    tail = session.tail
+    if tail is not None and tail[-1].seq + 1 == events[0].seq:
+        session.tail = (*tail, *events)[-_TAIL:]
+    else:
+        session.tail = tuple(events[-_TAIL:])

@@ -164,6 +164,10 @@ class _Session:
         # Long-polls' reads of the log in flight, by `after`: one read serves every poll
         # woken by the same change. None until the first long-poll reads.
         self.reads: dict[int, _SharedRead] | None = None
+        # The last events this host logged for the session, kept while someone follows it
+        # (see `Host._read_after`): a follower woken by a commit takes them from here
+        # instead of reading them back. None while nobody waited at a commit.
+        self.tail: tuple[Envelope, ...] | None = None
         # Created by the first to wait for the session's task to end (`task_ended`), set
         # (then dropped) as it ends.
         self.done: anyio.Event | None = None

@@ -816,6 +816,26 @@ configs = st.sampled_from(
 )
 
 
+def test_a_call_or_result_logged_after_its_results_is_folded_as_applied() -> None:
+    """Logged again once the results are in (a resumed session's late `local.tool_call`
+    and `local.tool_result`), a call of the round trip belongs to no pending call: the
+    fold must not keep it where applying each event drops it (hypothesis found this)."""
+    state = open_session(SPEC, session_id="s1")
+    events: list[AnyEvent] = [
+        opened_event(state),
+        MessageReceived(text="go"),
+        responded(call("c", "fetch")),
+        ToolReturned(tool_call_id="c", text="ok"),
+        results(("c", "ok")),
+        ToolCalled(tool_call_id="c", name="fetch", input={}),
+        ToolReturned(tool_call_id="c", text="late"),
+    ]
+    envelopes = [Envelope("s1", seq, 1000.0 + seq, event) for seq, event in enumerate(events, 1)]
+    assert fold(state, envelopes) == one_by_one(state, envelopes)
+    assert fold(state, envelopes).called == frozenset()
+    assert fold(state, envelopes).returned == ()
+
+
 def one_by_one(state: SessionState, envelopes: list[Envelope]) -> SessionState | str:
     """`envelopes` applied with apply_event, or the error that stopped them."""
     try:

@@ -1025,6 +1025,8 @@ class _Trip:
     def _run_on(self) -> None:
         """Leave the calls answered: nothing pending, the session running its next poll."""
         self.pending = ()
+        # A call or result logged for one of them from now on belongs to no pending call.
+        self.pending_ids = ()
         self.moved = True
         self.status = "running"
         self.in_poll = True

@@ -46,16 +46,22 @@ def self_feeding(view: GuardView) -> Verdict:
     config = state.guards.self_feeding
     if view.phase != "before_call" or config is None or not view.results:
         return CONTINUE
+    # Each link takes one of the episode's replies before the newest: with no more of them
+    # than `max_links`, no chain can be long enough to flag.
+    replies = state.polls - 1
+    if replies <= config.max_links:
+        return CONTINUE
+    # The calls of the newer step that got a result: only they can take a chain on.
+    fed = [use for use, result in view.results if not result.is_error]
+    if not fed:
+        return CONTINUE
     # The newest step is the view's; older ones are read from the history newest first,
     # only as far as needed: most polls stop at the first, none goes past a halt's length.
     history = state.history
     reply = len(history) - 1
     while reply >= 0 and history[reply].get("role") in _BETWEEN:
         reply -= 1
-    # The calls of the newer step that got a result: only they can take a chain on.
-    fed = [use for use, result in view.results if not result.is_error]
     most = config.max_links + config.warnings + 1
-    replies = state.polls - 1
     links = 0
     root: tuple[str, str] | None = None
     while fed and links < most and replies > 0:
@@ -119,15 +125,18 @@ def _link(reply: Message, results: dict[str, str], fed: list[ToolUse]) -> tuple[
         function = call.get("function") if isinstance(call, dict) else None
         if not isinstance(function, dict):
             continue
-        name = function.get("name")
         call_id = call.get("id")
         result = results.get(call_id) if isinstance(call_id, str) else None
-        if result is None or all(use.name != name for use in fed):
+        if result is None:
+            continue
+        name = function.get("name")
+        takers = [use for use in fed if use.name == name]
+        if not takers:
             continue
         value = _value(result)
         if value is None:
             continue
-        takers = [use for use in fed if use.name == name and _may_take(use.input, value)]
+        takers = [use for use in takers if _may_take(use.input, value)]
         if not takers:
             continue
         before, error = decode_arguments(function.get("arguments"))
@@ -139,14 +148,16 @@ def _link(reply: Message, results: dict[str, str], fed: list[ToolUse]) -> tuple[
 def _may_take(arguments: dict[str, Any], value: float | str) -> bool:
     """Whether some argument could be `value` or hold it: cheap, and true of every call that
     feeds on it."""
+    # Loops, not any() over a generator: this runs on every poll after a tool step.
     if isinstance(value, str):
-        return any(
-            isinstance(given, str) and given.strip() == value for given in arguments.values()
-        )
-    return any(
-        _is_number(given) or (isinstance(given, str) and _NUMBER.search(given) is not None)
-        for given in arguments.values()
-    )
+        for given in arguments.values():
+            if isinstance(given, str) and given.strip() == value:
+                return True
+        return False
+    for given in arguments.values():
+        if _is_number(given) or (isinstance(given, str) and _NUMBER.search(given) is not None):
+            return True
+    return False
 
 
 def _value(result: str) -> float | str | None:

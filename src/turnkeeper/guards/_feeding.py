@@ -104,7 +104,9 @@ def _step_before(history: tuple[Message, ...], reply: int) -> tuple[int, dict[st
         message = history[index]
         role = message.get("role")
         if role == "tool":
-            content = text_of(message)
+            content = message.get("content")
+            if type(content) is not str:
+                content = text_of(message)
             if content is not None and not content.startswith(_NOT_RESULTS):
                 results[str(message.get("tool_call_id"))] = content
         elif role == "assistant":
@@ -130,14 +132,20 @@ def _link(reply: Message, results: dict[str, str], fed: list[ToolUse]) -> tuple[
         if result is None:
             continue
         name = function.get("name")
-        takers = [use for use in fed if use.name == name]
-        if not takers:
-            continue
-        value = _value(result)
-        if value is None:
-            continue
-        takers = [use for use in takers if _may_take(use.input, value)]
-        if not takers:
+        # A loop, not comprehensions: this runs on every poll after a tool step, most often
+        # for one call fed, and the result is read only for a call of its tool.
+        value: float | str | None = None
+        takers: list[ToolUse] = []
+        for use in fed:
+            if use.name != name:
+                continue
+            if value is None:
+                value = _value(result)
+                if value is None:
+                    break
+            if _may_take(use.input, value):
+                takers.append(use)
+        if value is None or not takers:
             continue
         before, error = decode_arguments(function.get("arguments"))
         if error is None and any(_feeds(before, value, use.input) for use in takers):

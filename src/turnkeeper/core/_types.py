@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from functools import cached_property
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
@@ -160,7 +161,7 @@ class McpServer(msgspec.Struct, frozen=True):
             raise InputError(f"{where}: timeout must be more than 0 seconds, got {self.timeout}")
 
 
-class AgentSpec(msgspec.Struct, frozen=True):
+class AgentSpec(msgspec.Struct, frozen=True, dict=True):
     """What an agent is: its system prompt, tools, terminal tool, model and sampling params,
     and the MCP servers whose tools it may call (listed when a session opens, then added to
     `tools` with their `mcp_server` set).
@@ -232,10 +233,18 @@ class AgentSpec(msgspec.Struct, frozen=True):
 
     def tool(self, name: str) -> ToolSpec | None:
         """The tool called `name`, if the spec has it."""
-        for tool in self.tools:
-            if tool.name == name:
-                return tool
-        return None
+        return self._tools_by_name.get(name)
+
+    # Derived from the (frozen) fields once per spec, kept in the instance's __dict__
+    # (`dict=True`), which msgspec neither encodes nor compares: polls look them up often.
+    @cached_property
+    def _tools_by_name(self) -> dict[str, ToolSpec]:
+        return {tool.name: tool for tool in self.tools}
+
+    @cached_property
+    def asks_approval(self) -> bool:
+        """Whether any of its tools may need a call approved before it runs."""
+        return any(tool.approval != "never" for tool in self.tools)
 
     def sampling(self) -> dict[str, Any]:
         """The sampling params that are set, as request fields."""

@@ -477,10 +477,9 @@ def _check_calls(calls: list[Any], call_prefix: str) -> tuple[list[Any], bool]:
     fixed: list[Any] | None = None
     ids: set[str] = set()
     # A made-up id must not be one the model gave another call of the reply, earlier or
-    # later: two pending calls with one id could not both be answered.
-    given = {
-        call["id"] for call in calls if isinstance(call, dict) and isinstance(call.get("id"), str)
-    }
+    # later: two pending calls with one id could not both be answered. Gathered only when
+    # an id is made up: most replies need none.
+    given: set[str] | None = None
     for index, call in enumerate(calls):
         if not isinstance(call, dict):
             raise _malformed(f"choices[0].message.tool_calls[{index}] is not an object")
@@ -492,6 +491,12 @@ def _check_calls(calls: list[Any], call_prefix: str) -> tuple[list[Any], bool]:
             raise _malformed(f"choices[0].message.tool_calls[{index}].function.name is missing")
         call_id = call.get("id")
         if not isinstance(call_id, str) or not call_id or call_id in ids:
+            if given is None:
+                given = {
+                    other["id"]
+                    for other in calls
+                    if isinstance(other, dict) and isinstance(other.get("id"), str)
+                }
             call_id = f"{call_prefix}_{index}"
             while call_id in given or call_id in ids:
                 call_id += "_"

@@ -420,16 +420,31 @@ def _as_logged(response: object) -> tuple[dict[str, Any], msgspec.Raw]:
     (and reading it back) would recurse as deep as the stack goes."""
     if not isinstance(response, dict):
         raise _malformed(f"expected a JSON object, got {type(response).__name__}")
-    plain = is_plain_json(response, MAX_JSON_DEPTH)
-    if not plain and nests_deeper(response, MAX_JSON_DEPTH):
-        raise _malformed(f"it nests more than {MAX_JSON_DEPTH} levels deep")
     try:
         encoded = _json.encode(response)
+    except RecursionError:
+        # Nested (or looping) deeper than encoding recurses: deeper than allowed, then.
+        if nests_deeper(response, MAX_JSON_DEPTH):
+            raise _malformed(_TOO_DEEP) from None
+        raise
     except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as exc:
+        if nests_deeper(response, MAX_JSON_DEPTH):
+            raise _malformed(_TOO_DEEP) from None
         raise _malformed(f"it cannot be logged as JSON ({exc})") from None
-    if not plain:
+    # Each level opens a bracket: with no more brackets than levels allowed (as in nearly
+    # every response), there is nothing to walk.
+    brackets = encoded.count(b"{") + encoded.count(b"[")
+    if brackets > MAX_JSON_DEPTH and nests_deeper(response, MAX_JSON_DEPTH):
+        raise _malformed(_TOO_DEEP)
+    # Reading a short response back from its JSON takes less time than walking it to see
+    # whether it reads back as it is (`is_plain_json`); a long one takes more.
+    if len(encoded) <= _READ_BACK_BYTES or not is_plain_json(response, MAX_JSON_DEPTH):
         response = _decode(encoded)
     return response, msgspec.Raw(encoded)
+
+
+_TOO_DEEP = f"it nests more than {MAX_JSON_DEPTH} levels deep"
+_READ_BACK_BYTES = 4096
 
 
 def _malformed(what: str) -> ChatError:

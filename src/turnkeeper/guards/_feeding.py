@@ -61,6 +61,8 @@ def self_feeding(view: GuardView) -> Verdict:
     reply = len(history) - 1
     while reply >= 0 and history[reply].get("role") in _BETWEEN:
         reply -= 1
+    if not _may_feed(history, reply, fed):
+        return CONTINUE
     most = config.max_links + config.warnings + 1
     links = 0
     root: tuple[str, str] | None = None
@@ -93,6 +95,40 @@ def self_feeding(view: GuardView) -> Verdict:
         )
         return Verdict(directives=(Directive("self_feeding", text),))
     return Verdict(halt=halt)
+
+
+def _may_feed(history: tuple[Message, ...], reply: int, fed: list[ToolUse]) -> bool:
+    """Whether one of the calls `fed` might feed on a result of the tool step before the
+    reply at `reply`, as far as one function can tell without decoding anything: true of
+    every step `_link` links to them. A result may be fed on only as a number (which starts
+    with "-" or a digit, or is a JSON object) or as the whole text of an argument.
+
+    This runs on every poll after a tool step, and most find nothing here: one function,
+    for what `_step_before`, `_link` and their helpers would otherwise each be called for,
+    as a poll pays for each function it runs more than for what the function does."""
+    for index in range(reply - 1, -1, -1):
+        message = history[index]
+        role = message.get("role")
+        if role == "tool":
+            content = message.get("content")
+            if type(content) is not str:
+                content = text_of(message)
+            if content is None or content.startswith(_NOT_RESULTS):
+                continue
+            text = content.strip()
+            if not text or len(text) > _LONGEST_VALUE:
+                continue
+            first = text[0]
+            # isdigit holds for every digit that \d (in _NUMBER) matches.
+            if first in "-{" or first.isdigit():
+                return True
+            for use in fed:
+                for given in use.input.values():
+                    if isinstance(given, str) and given.strip() == text:
+                        return True
+        elif role != "user":
+            return False
+    return False
 
 
 def _step_before(history: tuple[Message, ...], reply: int) -> tuple[int, dict[str, str]] | None:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import re
-from functools import cached_property
 from decimal import Decimal
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 import msgspec
@@ -50,10 +50,12 @@ class Usage(msgspec.Struct, frozen=True, gc=False):
         return self.prompt_tokens + self.completion_tokens
 
     def __add__(self, other: Usage) -> Usage:
+        # Most usages have no cost: no call to add none.
+        cost = other.cost
         return Usage(
             self.prompt_tokens + other.prompt_tokens,
             self.completion_tokens + other.completion_tokens,
-            add_costs(self.cost, other.cost),
+            self.cost if cost is None else add_costs(self.cost, cost),
         )
 
 
@@ -240,6 +242,12 @@ class AgentSpec(msgspec.Struct, frozen=True, dict=True):
     @cached_property
     def _tools_by_name(self) -> dict[str, ToolSpec]:
         return {tool.name: tool for tool in self.tools}
+
+    @cached_property
+    def openai_tools(self) -> list[dict[str, Any]]:
+        """The tools in OpenAI chat-completions shape, for every request (which must not
+        change them)."""
+        return [tool.to_openai() for tool in self.tools]
 
     @cached_property
     def asks_approval(self) -> bool:

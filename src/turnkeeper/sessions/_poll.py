@@ -19,7 +19,6 @@ from turnkeeper.core import (
     InputError,
     Message,
     ToolResult,
-    ToolSpec,
     ToolUse,
     Usage,
     degenerate,
@@ -92,7 +91,10 @@ class _Log:
         self.events: list[Envelope] = []
 
     def push(self, event: AnyEvent, at: float) -> None:
-        envelope, self.state = emit(self.state, event, at=at)
+        # As `emit` does, without the call: a poll pushes two or more events.
+        state = self.state
+        envelope = Envelope(state.session_id, state.seq + 1, at, event)
+        self.state = apply_event(state, envelope)
         self.events.append(envelope)
 
 
@@ -223,21 +225,6 @@ def check_results(
     return by_id
 
 
-_tools_cache: dict[int, tuple[tuple[ToolSpec, ...], list[dict[str, Any]]]] = {}
-
-
-def _openai_tools(tools: tuple[ToolSpec, ...]) -> list[dict[str, Any]]:
-    """The tools in OpenAI shape, built once per spec's tool tuple."""
-    cached = _tools_cache.get(id(tools))
-    if cached is not None and cached[0] is tools:
-        return cached[1]
-    if len(_tools_cache) >= 256:
-        _tools_cache.clear()
-    shaped = [tool.to_openai() for tool in tools]
-    _tools_cache[id(tools)] = (tools, shaped)
-    return shaped
-
-
 _formats: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
 
 
@@ -269,7 +256,7 @@ def build_request(state: SessionState) -> dict[str, Any]:
     request: dict[str, Any] = {
         "model": spec.model,
         "messages": messages,
-        "tools": _openai_tools(spec.tools),
+        "tools": spec.openai_tools,
     }
     if state.answering is not None:
         # The answer after a stop: tools withdrawn.

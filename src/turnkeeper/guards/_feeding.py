@@ -20,6 +20,7 @@ import msgspec
 
 from turnkeeper.core import (
     Message,
+    ToolResult,
     ToolUse,
     call_key,
     decode_arguments,
@@ -51,18 +52,16 @@ def self_feeding(view: GuardView) -> Verdict:
     replies = state.polls - 1
     if replies <= config.max_links:
         return CONTINUE
-    # The calls of the newer step that got a result: only they can take a chain on.
-    fed = [use for use, result in view.results if not result.is_error]
-    if not fed:
-        return CONTINUE
     # The newest step is the view's; older ones are read from the history newest first,
     # only as far as needed: most polls stop at the first, none goes past a halt's length.
     history = state.history
     reply = len(history) - 1
     while reply >= 0 and history[reply].get("role") in _BETWEEN:
         reply -= 1
-    if not _may_feed(history, reply, fed):
+    if not _may_feed(history, reply, view.results):
         return CONTINUE
+    # The calls of the newer step that got a result: only they can take a chain on.
+    fed = [use for use, result in view.results if not result.is_error]
     most = config.max_links + config.warnings + 1
     links = 0
     root: tuple[str, str] | None = None
@@ -97,11 +96,14 @@ def self_feeding(view: GuardView) -> Verdict:
     return Verdict(halt=halt)
 
 
-def _may_feed(history: tuple[Message, ...], reply: int, fed: list[ToolUse]) -> bool:
-    """Whether one of the calls `fed` might feed on a result of the tool step before the
-    reply at `reply`, as far as one function can tell without decoding anything: true of
-    every step `_link` links to them. A result may be fed on only as a number (which starts
-    with "-" or a digit, or is a JSON object) or as the whole text of an argument.
+def _may_feed(
+    history: tuple[Message, ...], reply: int, results: tuple[tuple[ToolUse, ToolResult], ...]
+) -> bool:
+    """Whether one of the calls of `results` that got a result (not an error) might feed on
+    a result of the tool step before the reply at `reply`, as far as one function can tell
+    without decoding anything: true of every step `_link` links them to. A result may be
+    fed on only as a number (which starts with "-" or a digit, or is a JSON object) or as
+    the whole text of an argument.
 
     This runs on every poll after a tool step, and most find nothing here: one function,
     for what `_step_before`, `_link` and their helpers would otherwise each be called for,
@@ -122,7 +124,9 @@ def _may_feed(history: tuple[Message, ...], reply: int, fed: list[ToolUse]) -> b
             # isdigit holds for every digit that \d (in _NUMBER) matches.
             if first in "-{" or first.isdigit():
                 return True
-            for use in fed:
+            for use, result in results:
+                if result.is_error:
+                    continue
                 for given in use.input.values():
                     if isinstance(given, str) and given.strip() == text:
                         return True

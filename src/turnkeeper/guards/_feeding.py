@@ -52,14 +52,14 @@ def self_feeding(view: GuardView) -> Verdict:
     replies = state.polls - 1
     if replies <= config.max_links:
         return CONTINUE
+    history = state.history
+    if not _may_feed(history, view.results):
+        return CONTINUE
     # The newest step is the view's; older ones are read from the history newest first,
     # only as far as needed: most polls stop at the first, none goes past a halt's length.
-    history = state.history
     reply = len(history) - 1
     while reply >= 0 and history[reply].get("role") in _BETWEEN:
         reply -= 1
-    if not _may_feed(history, reply, view.results):
-        return CONTINUE
     # The calls of the newer step that got a result: only they can take a chain on.
     fed = [use for use, result in view.results if not result.is_error]
     most = config.max_links + config.warnings + 1
@@ -97,21 +97,26 @@ def self_feeding(view: GuardView) -> Verdict:
 
 
 def _may_feed(
-    history: tuple[Message, ...], reply: int, results: tuple[tuple[ToolUse, ToolResult], ...]
+    history: tuple[Message, ...], results: tuple[tuple[ToolUse, ToolResult], ...]
 ) -> bool:
     """Whether one of the calls of `results` that got a result (not an error) might feed on
-    a result of the tool step before the reply at `reply`, as far as one function can tell
-    without decoding anything: true of every step `_link` links them to. A result may be
-    fed on only as a number (which starts with "-" or a digit, or is a JSON object) or as
-    the whole text of an argument.
+    a result of the tool step before the history's newest reply (the last message that is
+    neither a tool result nor a directive), as far as one function can tell without
+    decoding anything: true of every step `_link` links them to. A result may be fed on
+    only as a number (which starts with "-" or a digit, or is a JSON object) or as the
+    whole text of an argument.
 
     This runs on every poll after a tool step, and most find nothing here: one function,
     for what `_step_before`, `_link` and their helpers would otherwise each be called for,
     as a poll pays for each function it runs more than for what the function does."""
-    for index in range(reply - 1, -1, -1):
+    newest = True
+    for index in range(len(history) - 1, -1, -1):
         message = history[index]
         role = message.get("role")
-        if role == "tool":
+        if newest:
+            # The newest step's results and directives, then its reply.
+            newest = role in _BETWEEN
+        elif role == "tool":
             content = message.get("content")
             if type(content) is not str:
                 content = text_of(message)

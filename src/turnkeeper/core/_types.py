@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from decimal import Decimal
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 import msgspec
@@ -49,10 +50,12 @@ class Usage(msgspec.Struct, frozen=True, gc=False):
         return self.prompt_tokens + self.completion_tokens
 
     def __add__(self, other: Usage) -> Usage:
+        # Most usages have no cost: no call to add none.
+        cost = other.cost
         return Usage(
             self.prompt_tokens + other.prompt_tokens,
             self.completion_tokens + other.completion_tokens,
-            add_costs(self.cost, other.cost),
+            self.cost if cost is None else add_costs(self.cost, cost),
         )
 
 
@@ -160,7 +163,7 @@ class McpServer(msgspec.Struct, frozen=True):
             raise InputError(f"{where}: timeout must be more than 0 seconds, got {self.timeout}")
 
 
-class AgentSpec(msgspec.Struct, frozen=True):
+class AgentSpec(msgspec.Struct, frozen=True, dict=True):
     """What an agent is: its system prompt, tools, terminal tool, model and sampling params,
     and the MCP servers whose tools it may call (listed when a session opens, then added to
     `tools` with their `mcp_server` set).
@@ -232,10 +235,24 @@ class AgentSpec(msgspec.Struct, frozen=True):
 
     def tool(self, name: str) -> ToolSpec | None:
         """The tool called `name`, if the spec has it."""
-        for tool in self.tools:
-            if tool.name == name:
-                return tool
-        return None
+        return self._tools_by_name.get(name)
+
+    # Derived from the (frozen) fields once per spec, kept in the instance's __dict__
+    # (`dict=True`), which msgspec neither encodes nor compares: polls look them up often.
+    @cached_property
+    def _tools_by_name(self) -> dict[str, ToolSpec]:
+        return {tool.name: tool for tool in self.tools}
+
+    @cached_property
+    def openai_tools(self) -> list[dict[str, Any]]:
+        """The tools in OpenAI chat-completions shape, for every request (which must not
+        change them)."""
+        return [tool.to_openai() for tool in self.tools]
+
+    @cached_property
+    def asks_approval(self) -> bool:
+        """Whether any of its tools may need a call approved before it runs."""
+        return any(tool.approval != "never" for tool in self.tools)
 
     def sampling(self) -> dict[str, Any]:
         """The sampling params that are set, as request fields."""

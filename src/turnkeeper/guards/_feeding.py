@@ -20,6 +20,7 @@ import msgspec
 
 from turnkeeper.core import (
     Message,
+    ToolResult,
     ToolUse,
     call_key,
     decode_arguments,
@@ -46,16 +47,22 @@ def self_feeding(view: GuardView) -> Verdict:
     config = state.guards.self_feeding
     if view.phase != "before_call" or config is None or not view.results:
         return CONTINUE
+    # Each link takes one of the episode's replies before the newest: with no more of them
+    # than `max_links`, no chain can be long enough to flag.
+    replies = state.polls - 1
+    if replies <= config.max_links:
+        return CONTINUE
+    history = state.history
+    if not _may_feed(history, view.results):
+        return CONTINUE
     # The newest step is the view's; older ones are read from the history newest first,
     # only as far as needed: most polls stop at the first, none goes past a halt's length.
-    history = state.history
     reply = len(history) - 1
     while reply >= 0 and history[reply].get("role") in _BETWEEN:
         reply -= 1
     # The calls of the newer step that got a result: only they can take a chain on.
     fed = [use for use, result in view.results if not result.is_error]
     most = config.max_links + config.warnings + 1
-    replies = state.polls - 1
     links = 0
     root: tuple[str, str] | None = None
     while fed and links < most and replies > 0:
@@ -89,6 +96,50 @@ def self_feeding(view: GuardView) -> Verdict:
     return Verdict(halt=halt)
 
 
+def _may_feed(
+    history: tuple[Message, ...], results: tuple[tuple[ToolUse, ToolResult], ...]
+) -> bool:
+    """Whether one of the calls of `results` that got a result (not an error) might feed on
+    a result of the tool step before the history's newest reply (the last message that is
+    neither a tool result nor a directive), as far as one function can tell without
+    decoding anything: true of every step `_link` links them to. A result may be fed on
+    only as a number (which starts with "-" or a digit, or is a JSON object) or as the
+    whole text of an argument.
+
+    This runs on every poll after a tool step, and most find nothing here: one function,
+    for what `_step_before`, `_link` and their helpers would otherwise each be called for,
+    as a poll pays for each function it runs more than for what the function does."""
+    newest = True
+    for index in range(len(history) - 1, -1, -1):
+        message = history[index]
+        role = message.get("role")
+        if newest:
+            # The newest step's results and directives, then its reply.
+            newest = role in _BETWEEN
+        elif role == "tool":
+            content = message.get("content")
+            if type(content) is not str:
+                content = text_of(message)
+            if content is None or content.startswith(_NOT_RESULTS):
+                continue
+            text = content.strip()
+            if not text or len(text) > _LONGEST_VALUE:
+                continue
+            first = text[0]
+            # isdigit holds for every digit that \d (in _NUMBER) matches.
+            if first in "-{" or first.isdigit():
+                return True
+            for use, result in results:
+                if result.is_error:
+                    continue
+                for given in use.input.values():
+                    if isinstance(given, str) and given.strip() == text:
+                        return True
+        elif role != "user":
+            return False
+    return False
+
+
 def _step_before(history: tuple[Message, ...], reply: int) -> tuple[int, dict[str, str]] | None:
     """The tool step before the reply at `reply`: the index of its own reply, and the
     results its calls got, by call id (errors and notices left out); None when there is
@@ -98,7 +149,9 @@ def _step_before(history: tuple[Message, ...], reply: int) -> tuple[int, dict[st
         message = history[index]
         role = message.get("role")
         if role == "tool":
-            content = text_of(message)
+            content = message.get("content")
+            if type(content) is not str:
+                content = text_of(message)
             if content is not None and not content.startswith(_NOT_RESULTS):
                 results[str(message.get("tool_call_id"))] = content
         elif role == "assistant":
@@ -119,16 +172,25 @@ def _link(reply: Message, results: dict[str, str], fed: list[ToolUse]) -> tuple[
         function = call.get("function") if isinstance(call, dict) else None
         if not isinstance(function, dict):
             continue
-        name = function.get("name")
         call_id = call.get("id")
         result = results.get(call_id) if isinstance(call_id, str) else None
-        if result is None or all(use.name != name for use in fed):
+        if result is None:
             continue
-        value = _value(result)
-        if value is None:
-            continue
-        takers = [use for use in fed if use.name == name and _may_take(use.input, value)]
-        if not takers:
+        name = function.get("name")
+        # A loop, not comprehensions: this runs on every poll after a tool step, most often
+        # for one call fed, and the result is read only for a call of its tool.
+        value: float | str | None = None
+        takers: list[ToolUse] = []
+        for use in fed:
+            if use.name != name:
+                continue
+            if value is None:
+                value = _value(result)
+                if value is None:
+                    break
+            if _may_take(use.input, value):
+                takers.append(use)
+        if value is None or not takers:
             continue
         before, error = decode_arguments(function.get("arguments"))
         if error is None and any(_feeds(before, value, use.input) for use in takers):
@@ -139,14 +201,16 @@ def _link(reply: Message, results: dict[str, str], fed: list[ToolUse]) -> tuple[
 def _may_take(arguments: dict[str, Any], value: float | str) -> bool:
     """Whether some argument could be `value` or hold it: cheap, and true of every call that
     feeds on it."""
+    # Loops, not any() over a generator: this runs on every poll after a tool step.
     if isinstance(value, str):
-        return any(
-            isinstance(given, str) and given.strip() == value for given in arguments.values()
-        )
-    return any(
-        _is_number(given) or (isinstance(given, str) and _NUMBER.search(given) is not None)
-        for given in arguments.values()
-    )
+        for given in arguments.values():
+            if isinstance(given, str) and given.strip() == value:
+                return True
+        return False
+    for given in arguments.values():
+        if _is_number(given) or (isinstance(given, str) and _NUMBER.search(given) is not None):
+            return True
+    return False
 
 
 def _value(result: str) -> float | str | None:

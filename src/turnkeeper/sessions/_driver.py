@@ -112,20 +112,29 @@ def answer(
     return Answer(list(failed), _advance_seq(before, len(failed)), failure)
 
 
+def compaction_budget(chat: Chat, state: SessionState) -> int | None:
+    """The tokens the state's history may hold before its model call compacts it, or None
+    when no compaction can be due: the spec's `compaction` is off, a summary failed in this
+    episode, or no budget is known (`budget_tokens`, else half of `chat`'s context window)."""
+    compaction = state.spec.compaction
+    if compaction is None or state.compaction_failed:
+        return None
+    if compaction.budget_tokens is not None:
+        return compaction.budget_tokens
+    window = context_window(chat)
+    return None if window is None else window // 2
+
+
 async def plan_compaction(chat: Chat, state: SessionState) -> Plan | None:
     """The compaction due before the state's model call, or None: the spec's `compaction`
     is on, no summary failed in this episode, the history's tokens as `chat` estimates them
     are past the budget (`budget_tokens`, else half of `chat`'s context window; none
     known, no compaction), and its older turns hold more than twice `summary_tokens`."""
     compaction = state.spec.compaction
-    if compaction is None or state.compaction_failed:
+    budget = compaction_budget(chat, state)
+    if compaction is None or budget is None:
         return None
     window = context_window(chat)
-    budget = compaction.budget_tokens
-    if budget is None:
-        if window is None:
-            return None
-        budget = window // 2
     estimated = await estimate_tokens(chat, prompt_messages(state))
     if estimated <= budget:
         return None
@@ -232,9 +241,12 @@ async def poll_turn(
         events, begun, request = begin_poll(state, input, now=clock(), guard=guard)
     if request is None:
         return tuple(events), begun
-    compaction, begun = await compact(chat, begun, clock=clock)
-    if compaction:
-        request = build_request(begun)
+    compaction: list[Envelope] = []
+    # Checked here first: most polls have no compaction due, nor need the awaits to see it.
+    if compaction_budget(chat, begun) is not None:
+        compaction, begun = await compact(chat, begun, clock=clock)
+        if compaction:
+            request = build_request(begun)
     sink = None if on_delta is None else DeltaSink(on_delta, begun.session_id, begun.seq)
     answered = answer(
         await call_model(chat, request, sink), begun, guard=guard, clock=clock, failed_after=state

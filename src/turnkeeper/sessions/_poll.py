@@ -19,7 +19,6 @@ from turnkeeper.core import (
     InputError,
     Message,
     ToolResult,
-    ToolSpec,
     ToolUse,
     Usage,
     degenerate,
@@ -92,7 +91,10 @@ class _Log:
         self.events: list[Envelope] = []
 
     def push(self, event: AnyEvent, at: float) -> None:
-        envelope, self.state = emit(self.state, event, at=at)
+        # As `emit` does, without the call: a poll pushes two or more events.
+        state = self.state
+        envelope = Envelope(state.session_id, state.seq + 1, at, event)
+        self.state = apply_event(state, envelope)
         self.events.append(envelope)
 
 
@@ -223,21 +225,6 @@ def check_results(
     return by_id
 
 
-_tools_cache: dict[int, tuple[tuple[ToolSpec, ...], list[dict[str, Any]]]] = {}
-
-
-def _openai_tools(tools: tuple[ToolSpec, ...]) -> list[dict[str, Any]]:
-    """The tools in OpenAI shape, built once per spec's tool tuple."""
-    cached = _tools_cache.get(id(tools))
-    if cached is not None and cached[0] is tools:
-        return cached[1]
-    if len(_tools_cache) >= 256:
-        _tools_cache.clear()
-    shaped = [tool.to_openai() for tool in tools]
-    _tools_cache[id(tools)] = (tools, shaped)
-    return shaped
-
-
 _formats: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
 
 
@@ -269,7 +256,7 @@ def build_request(state: SessionState) -> dict[str, Any]:
     request: dict[str, Any] = {
         "model": spec.model,
         "messages": messages,
-        "tools": _openai_tools(spec.tools),
+        "tools": spec.openai_tools,
     }
     if state.answering is not None:
         # The answer after a stop: tools withdrawn.
@@ -420,16 +407,31 @@ def _as_logged(response: object) -> tuple[dict[str, Any], msgspec.Raw]:
     (and reading it back) would recurse as deep as the stack goes."""
     if not isinstance(response, dict):
         raise _malformed(f"expected a JSON object, got {type(response).__name__}")
-    plain = is_plain_json(response, MAX_JSON_DEPTH)
-    if not plain and nests_deeper(response, MAX_JSON_DEPTH):
-        raise _malformed(f"it nests more than {MAX_JSON_DEPTH} levels deep")
     try:
         encoded = _json.encode(response)
+    except RecursionError:
+        # Nested (or looping) deeper than encoding recurses: deeper than allowed, then.
+        if nests_deeper(response, MAX_JSON_DEPTH):
+            raise _malformed(_TOO_DEEP) from None
+        raise
     except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as exc:
+        if nests_deeper(response, MAX_JSON_DEPTH):
+            raise _malformed(_TOO_DEEP) from None
         raise _malformed(f"it cannot be logged as JSON ({exc})") from None
-    if not plain:
+    # Each level opens a bracket: with no more brackets than levels allowed (as in nearly
+    # every response), there is nothing to walk.
+    brackets = encoded.count(b"{") + encoded.count(b"[")
+    if brackets > MAX_JSON_DEPTH and nests_deeper(response, MAX_JSON_DEPTH):
+        raise _malformed(_TOO_DEEP)
+    # Reading a short response back from its JSON takes less time than walking it to see
+    # whether it reads back as it is (`is_plain_json`); a long one takes more.
+    if len(encoded) <= _READ_BACK_BYTES or not is_plain_json(response, MAX_JSON_DEPTH):
         response = _decode(encoded)
     return response, msgspec.Raw(encoded)
+
+
+_TOO_DEEP = f"it nests more than {MAX_JSON_DEPTH} levels deep"
+_READ_BACK_BYTES = 4096
 
 
 def _malformed(what: str) -> ChatError:
@@ -477,10 +479,9 @@ def _check_calls(calls: list[Any], call_prefix: str) -> tuple[list[Any], bool]:
     fixed: list[Any] | None = None
     ids: set[str] = set()
     # A made-up id must not be one the model gave another call of the reply, earlier or
-    # later: two pending calls with one id could not both be answered.
-    given = {
-        call["id"] for call in calls if isinstance(call, dict) and isinstance(call.get("id"), str)
-    }
+    # later: two pending calls with one id could not both be answered. Gathered only when
+    # an id is made up: most replies need none.
+    given: set[str] | None = None
     for index, call in enumerate(calls):
         if not isinstance(call, dict):
             raise _malformed(f"choices[0].message.tool_calls[{index}] is not an object")
@@ -492,6 +493,12 @@ def _check_calls(calls: list[Any], call_prefix: str) -> tuple[list[Any], bool]:
             raise _malformed(f"choices[0].message.tool_calls[{index}].function.name is missing")
         call_id = call.get("id")
         if not isinstance(call_id, str) or not call_id or call_id in ids:
+            if given is None:
+                given = {
+                    other["id"]
+                    for other in calls
+                    if isinstance(other, dict) and isinstance(other.get("id"), str)
+                }
             call_id = f"{call_prefix}_{index}"
             while call_id in given or call_id in ids:
                 call_id += "_"

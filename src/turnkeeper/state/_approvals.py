@@ -16,9 +16,9 @@ def approval_request(state: SessionState) -> ApprovalRequested | None:
     calls that may run (well formed, of a known tool) whose tool's policy wants approval
     for their arguments (as the handler gets them) and that were not asked about yet; None
     when there are none."""
-    if state.status != "requires_action" or state.in_poll:
-        return None
     spec = state.spec
+    if state.status != "requires_action" or state.in_poll or not spec.asks_approval:
+        return None
     asked: list[str] = []
     for use in state.pending:
         tool = spec.tool(use.name)

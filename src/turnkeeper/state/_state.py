@@ -629,7 +629,12 @@ def _apply_response(state: SessionState, event: Any, envelope: Envelope) -> Sess
 
 def _apply_results(state: SessionState, event: Any, envelope: Envelope) -> SessionState:
     seq = envelope.seq
-    results = whole_results(state.returned, event, f"session {state.session_id}: seq {seq}")
+    # Most events hold their results whole: nothing to look up, nor a place to name.
+    results = (
+        whole_results(state.returned, event, f"session {state.session_id}: seq {seq}")
+        if event.logged
+        else event.results
+    )
     by_id = {use.id: use for use in state.pending}
     answered = [result.tool_use_id for result in results]
     if len(answered) != len(by_id) or set(answered) != by_id.keys():

@@ -43,7 +43,7 @@ from turnkeeper.events import (
     ToolReturned,
     encode_envelope,
 )
-from turnkeeper.logs import JsonlLog, MemoryLog, SqliteLog
+from turnkeeper.logs import EventLog, JsonlLog, MemoryLog, SqliteLog
 from turnkeeper.providers import ScriptedChat, text_response, tool_response
 from turnkeeper.sessions import Busy, Host, HostStopped, UnknownSession
 from turnkeeper.tools import ToolContext
@@ -614,18 +614,24 @@ async def test_events_long_poll_times_out_empty() -> None:
         assert len(await host.events(session_id, after=1)) == last - 1
 
 
-class CountingLog(MemoryLog):
-    """A MemoryLog counting the reads of session events."""
+class CountsReads(EventLog):
+    """A log counting the reads of session events (mixed in before the log's class)."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.reads = 0
+    reads = 0
 
     async def read(
         self, session_id: str, *, after: int = 0, limit: int | None = None
     ) -> list[Envelope]:
         self.reads += 1
         return await super().read(session_id, after=after, limit=limit)
+
+
+class CountingLog(CountsReads, MemoryLog):
+    """A MemoryLog counting the reads of session events."""
+
+
+class CountingSqliteLog(CountsReads, SqliteLog):
+    """A SqliteLog counting the reads of session events."""
 
 
 async def test_long_polls_woken_by_one_change_share_a_read() -> None:
@@ -653,18 +659,6 @@ async def test_long_polls_woken_by_one_change_share_a_read() -> None:
         # Each poll has a list of its own.
         found[0].clear()
         assert found[1]
-
-
-class CountingSqliteLog(SqliteLog):
-    """A SqliteLog counting the reads of session events."""
-
-    reads = 0
-
-    async def read(
-        self, session_id: str, *, after: int = 0, limit: int | None = None
-    ) -> list[Envelope]:
-        self.reads += 1
-        return await super().read(session_id, after=after, limit=limit)
 
 
 async def test_a_follower_gets_each_event_once_as_logged_without_reading_it_back(

@@ -831,9 +831,10 @@ def test_a_call_or_result_logged_after_its_results_is_folded_as_applied() -> Non
         ToolReturned(tool_call_id="c", text="late"),
     ]
     envelopes = [Envelope("s1", seq, 1000.0 + seq, event) for seq, event in enumerate(events, 1)]
-    assert fold(state, envelopes) == one_by_one(state, envelopes)
-    assert fold(state, envelopes).called == frozenset()
-    assert fold(state, envelopes).returned == ()
+    folded_state = fold(state, envelopes)
+    assert folded_state == one_by_one(state, envelopes)
+    assert folded_state.called == frozenset()
+    assert folded_state.returned == ()
 
 
 def one_by_one(state: SessionState, envelopes: list[Envelope]) -> SessionState | str:

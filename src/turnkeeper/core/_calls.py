@@ -53,8 +53,7 @@ def _call_problem(spec: AgentSpec, use: ToolUse) -> str | None:
 
 def is_unreadable(response: dict[str, Any]) -> bool:
     """Whether a backend flagged the reply as an attempted tool call it could not read."""
-    marks = response.get("turnkeeper")
-    return isinstance(marks, dict) and marks.get("unreadable") is True
+    return _flags_unreadable(response.get("turnkeeper"))
 
 
 class _Marks(msgspec.Struct):
@@ -73,6 +72,10 @@ def logged_unreadable(response: msgspec.Raw) -> bool:
         marks = _marks_of(response).turnkeeper
     except msgspec.ValidationError:
         return False
+    return _flags_unreadable(marks)
+
+
+def _flags_unreadable(marks: object) -> bool:
     return isinstance(marks, dict) and marks.get("unreadable") is True
 
 

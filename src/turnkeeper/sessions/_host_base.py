@@ -75,10 +75,10 @@ def json_log(std_log: logging.Logger) -> Any:
 _std_log = logging.getLogger("turnkeeper.host")
 _log = json_log(_std_log)
 _CALLS = frozenset(("local.model_response", "local.compacted", "local.compaction_failed"))
+"""The events of model calls, whose usage carries a cost."""
 # A commit is one to three events: enough for a follower a few commits behind, little to
 # hold per followed session.
 _TAIL = 8
-"""The events of model calls, whose usage carries a cost."""
 
 
 class HostBase:

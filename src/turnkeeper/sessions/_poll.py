@@ -91,10 +91,7 @@ class _Log:
         self.events: list[Envelope] = []
 
     def push(self, event: AnyEvent, at: float) -> None:
-        # As `emit` does, without the call: a poll pushes two or more events.
-        state = self.state
-        envelope = Envelope(state.session_id, state.seq + 1, at, event)
-        self.state = apply_event(state, envelope)
+        envelope, self.state = emit(self.state, event, at=at)
         self.events.append(envelope)
 
 

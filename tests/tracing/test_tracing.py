@@ -24,6 +24,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
+from tests.sessions.host_worker import SPEC as HOST_SPEC
+from tests.sessions.host_worker import answer_for, prompt_for, settle, step_text, stepper
 from turnkeeper import tracing
 from turnkeeper.core import (
     AgentSpec,
@@ -35,7 +37,7 @@ from turnkeeper.core import (
     ToolSpec,
 )
 from turnkeeper.providers import ScriptedChat, text_response, tool_response
-from turnkeeper.sessions import open_session, run
+from turnkeeper.sessions import Host, open_session, run
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 MCP_SERVER = str(Path(__file__).parents[1] / "tools" / "mcp_server.py")
@@ -506,3 +508,36 @@ def test_configure_from_env_does_nothing_when_unset_or_disabled() -> None:
         env={"OTEL_EXPORTER_OTLP_ENDPOINT": "", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": ""},
     )
     assert out.split() == ["False", "False", "False"]
+
+
+@pytest.mark.anyio
+async def test_a_host_s_requests_each_parent_their_own_spans_while_waiting_for_slots(
+    spans: InMemorySpanExporter,
+) -> None:
+    # With fewer model-call slots than sessions, a session's turns run in several tasks,
+    # each started by whichever session gave back the slot: none may take that session's
+    # span as its parent.
+    async def step(n: int) -> str:
+        return step_text(n)
+
+    async with Host(chat=stepper(0.005), tools={"step": step}, max_model_calls=2) as host:
+        ids = [await host.start(HOST_SPEC, prompt_for(3, str(i))) for i in range(5)]
+        for session_id in ids:
+            assert (await settle(host, session_id)).text == answer_for(3)
+    finished = spans.get_finished_spans()
+    agents = by_operation(finished, "invoke_agent")
+    assert sorted(attrs(agent)["gen_ai.conversation.id"] for agent in agents) == sorted(ids)
+    owner = {
+        agent.context.span_id: attrs(agent)["gen_ai.conversation.id"]
+        for agent in agents
+        if agent.context is not None
+    }
+    for agent in agents:
+        assert agent.parent is None
+    children: dict[str, list[str]] = {session_id: [] for session_id in ids}
+    for child in (*by_operation(finished, "chat"), *by_operation(finished, "execute_tool")):
+        assert child.parent is not None
+        children[owner[child.parent.span_id]].append(child.name)
+    # Each request: four model calls (three steps, then the answer) and three tool calls.
+    for session_id in ids:
+        assert sorted(children[session_id]) == ["chat default"] * 4 + ["execute_tool step"] * 3

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 
 import anyio
 import anyio.abc
@@ -30,6 +31,7 @@ from turnkeeper.sessions._tool_runner import ToolRunner
 from turnkeeper.sessions._typed import decoded
 from turnkeeper.state import SessionState, awaiting_approval
 from turnkeeper.tools import coerce_call, handled_as_error
+from turnkeeper.tracing import AgentSpan
 
 
 class _HostCalls:
@@ -201,7 +203,8 @@ class HostActor(HostBase):
                 elif state.status == "running":
                     await self._poll(session, Resume())
                 elif state.status == "requires_action":
-                    progressed = await self._advance_tools(session)
+                    with _current(session.span):
+                        progressed = await self._advance_tools(session)
                 elif state.queued:
                     text = state.queued[0]
                     self._close_span(session)
@@ -214,7 +217,8 @@ class HostActor(HostBase):
                     # not kept through the model call. It is made even while stopping: it
                     # finishes the turn.
                     if session.state.in_poll:
-                        await self._call_model(session)
+                        with _current(session.span):
+                            await self._call_model(session)
                         if session.waiting_slot:
                             # It waits for a slot with no task (`_grant_slot`).
                             return
@@ -391,3 +395,12 @@ def _describe(exc: BaseException) -> str:
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
     return f"{type(exc).__name__}: {exc}"
+
+
+_NOT_TRACED = nullcontext()
+
+
+def _current(span: AgentSpan | None) -> AbstractContextManager[object]:
+    """The request's span made current in this task (its model and tool calls' spans are
+    its children), or nothing for a session with no span open."""
+    return _NOT_TRACED if span is None else span.current()

@@ -53,7 +53,7 @@ from turnkeeper.sessions._step_timeout import STEP_TIMEOUT, check_step_timeout, 
 from turnkeeper.sessions._typed import decoded
 from turnkeeper.state import SessionState, awaiting_approval
 from turnkeeper.tools import MAX_TOOL_RESULT_CHARS, McpPool, Tools, as_handler
-from turnkeeper.tracing import AgentSpan, agent_span, traced_chat
+from turnkeeper.tracing import AgentSpan, start_agent_span, traced_chat
 
 
 def json_log(std_log: logging.Logger) -> Any:
@@ -322,18 +322,16 @@ class HostBase:
             self._unused(session)
 
     def _open_span(self, session: _Session, prompt: str, parent: object | None) -> AgentSpan:
-        """Start the trace span of one request; it ends when the session comes to rest."""
-        span_context = agent_span(session.state, prompt=prompt, parent=parent)
-        span = span_context.__enter__()
-        session.span_exit = span_context
-        return span
+        """Start the trace span of one request; it ends when the session comes to rest. The
+        request's turns may run in several tasks (a wait for a model-call slot ends one),
+        so it is made current only around the work that opens spans under it."""
+        return start_agent_span(session.state, prompt=prompt, parent=parent)
 
     def _close_span(self, session: _Session) -> None:
-        if session.span is not None and session.span_exit is not None:
+        if session.span is not None:
             session.span.finish(session.state)
-            session.span_exit.__exit__(None, None, None)
+            session.span.end()
         session.span = None
-        session.span_exit = None
 
     def _wake(self, session: _Session) -> None:
         session.woken = True

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
 from typing import Any, Literal
 
 import anyio
@@ -144,7 +143,6 @@ class _Session:
         self.contexts: list[tuple[str, object | None]] = []
         self.mcp: McpTools | None = None
         self.span: AgentSpan | None = None
-        self.span_exit: AbstractContextManager[AgentSpan] | None = None
         self.opening: tuple[str, object | None] | None = None
         # Calls whose `local.tool_call` is logged (or that are refused), with the
         # arguments their handler gets (None for a refused call).

@@ -20,6 +20,7 @@ from turnkeeper.tracing._hooks import (
     capture_context,
     enabled,
     install,
+    start_agent_span,
     tool_span,
     traced_chat,
 )
@@ -111,6 +112,7 @@ __all__ = [
     "configure_from_env",
     "disable",
     "enabled",
+    "start_agent_span",
     "tool_span",
     "traced_chat",
 ]

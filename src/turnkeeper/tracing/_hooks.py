@@ -56,6 +56,13 @@ class AgentSpan(Protocol):
     def finish(self, state: TracedSession) -> None:
         """Set what the request ended with: usage, stop reason, and errors."""
 
+    def current(self) -> AbstractContextManager[object]:
+        """Make the span the current one (the parent of the spans opened) in this task for
+        the block, for a span from `start_agent_span`."""
+
+    def end(self) -> None:
+        """End a span from `start_agent_span`."""
+
 
 class ChatSpan(Protocol):
     """The span of one model call (`chat`)."""
@@ -78,6 +85,10 @@ class Tracer(Protocol):
         self, state: TracedSession, prompt: str | None, parent: object | None
     ) -> AbstractContextManager[AgentSpan]: ...
 
+    def start_agent_span(
+        self, state: TracedSession, prompt: str | None, parent: object | None
+    ) -> AgentSpan: ...
+
     def chat_span(self, request: dict[str, Any]) -> AbstractContextManager[ChatSpan]: ...
 
     def tool_span(
@@ -96,6 +107,12 @@ class _NoSpan:
     def finish(self, state: TracedSession) -> None:
         pass
 
+    def current(self) -> AbstractContextManager[object]:
+        return _NOTHING_CURRENT
+
+    def end(self) -> None:
+        pass
+
     def response(self, response: dict[str, Any]) -> None:
         pass
 
@@ -103,6 +120,7 @@ class _NoSpan:
         pass
 
 
+_NOTHING_CURRENT = nullcontext()
 _NO_SPAN = _NoSpan()
 # Reusable, and cheaper to enter than a generator-based context manager: hosts open a
 # span per request and per tool call whether tracing is on or not.
@@ -135,6 +153,20 @@ def agent_span(
     if tracer is None:
         return _NO_SPAN_CONTEXT
     return tracer.agent_span(state, prompt, parent)
+
+
+def start_agent_span(
+    state: TracedSession, *, prompt: str | None = None, parent: object | None = None
+) -> AgentSpan:
+    """A started span of one session request, as `agent_span` opens, for a request whose
+    turns run in more than one task (a Host's): it is not made current, so that no other
+    request's spans take it as their parent from a task it was opened in. Each task makes
+    it current around the work that opens spans under it (`AgentSpan.current`), and `end`
+    ends it. Without `parent` it is a root span."""
+    tracer = _Active.tracer
+    if tracer is None:
+        return _NO_SPAN
+    return tracer.start_agent_span(state, prompt, parent)
 
 
 def traced_chat(chat: Chat) -> Chat:

@@ -5,7 +5,7 @@ argument and result content is recorded only when `capture_content` is on."""
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 import msgspec
@@ -48,6 +48,28 @@ class OtelTracer:
     def agent_span(
         self, state: TracedSession, prompt: str | None, parent: object | None
     ) -> Iterator[_AgentSpan]:
+        attributes = self._agent_attributes(state, prompt)
+        context = parent if isinstance(parent, otel_context.Context) else None
+        with self._span("invoke_agent", SpanKind.INTERNAL, attributes, context) as span:
+            yield _AgentSpan(span, self.capture_content)
+
+    def start_agent_span(
+        self, state: TracedSession, prompt: str | None, parent: object | None
+    ) -> _AgentSpan:
+        # A root span without a parent: the task that starts it may be running for another
+        # session, whose span is its current one.
+        context = parent if isinstance(parent, otel_context.Context) else otel_context.Context()
+        span = self.tracer.start_span(
+            "invoke_agent",
+            context=context,
+            kind=SpanKind.INTERNAL,
+            attributes=self._agent_attributes(state, prompt),
+            record_exception=False,
+            set_status_on_exception=False,
+        )
+        return _AgentSpan(span, self.capture_content)
+
+    def _agent_attributes(self, state: TracedSession, prompt: str | None) -> dict[str, Any]:
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": "invoke_agent",
             "gen_ai.provider.name": self.provider_name,
@@ -63,9 +85,7 @@ class OtelTracer:
                 attributes["gen_ai.input.messages"] = _encode(
                     [{"role": "user", "parts": [{"type": "text", "content": prompt}]}]
                 )
-        context = parent if isinstance(parent, otel_context.Context) else None
-        with self._span("invoke_agent", SpanKind.INTERNAL, attributes, context) as span:
-            yield _AgentSpan(span, self.capture_content)
+        return attributes
 
     @contextmanager
     def chat_span(self, request: dict[str, Any]) -> Iterator[_ChatSpan]:
@@ -151,6 +171,12 @@ class _AgentSpan:
     def __init__(self, span: Span, capture_content: bool) -> None:
         self.span = span
         self.capture_content = capture_content
+
+    def current(self) -> AbstractContextManager[Span]:
+        return trace.use_span(self.span, record_exception=False, set_status_on_exception=False)
+
+    def end(self) -> None:
+        self.span.end()
 
     def record(self, events: Sequence[Envelope]) -> None:
         for envelope in events:

@@ -24,6 +24,7 @@ from turnkeeper.events import Envelope
 from turnkeeper.logs import MemoryLog
 from turnkeeper.providers import ScriptedChat, text_response
 from turnkeeper.sessions import Host
+from turnkeeper.sessions._host_actor import _IDLE_TASKS
 
 pytestmark = pytest.mark.anyio
 
@@ -310,3 +311,56 @@ async def test_a_host_cancelled_from_outside_mid_append_keeps_its_state_equal_to
     events = await log.read(session_id)
     assert events[-1].type == "local.model_response"
     assert check_log(events) == host._sessions[session_id].state
+
+
+class CountingStarts:
+    """Counts the tasks a host's task group starts (wrapping its start_soon)."""
+
+    def __init__(self, host: Host) -> None:
+        assert host._group is not None
+        self.group = host._group
+        self.start_soon = self.group.start_soon
+        self.started = 0
+        self.group.start_soon = self._counted  # type: ignore[method-assign]
+
+    def _counted(self, *args: Any, **kwargs: Any) -> None:
+        self.started += 1
+        self.start_soon(*args, **kwargs)
+
+
+async def test_a_turn_goes_to_a_session_task_waiting_idle_not_a_new_one() -> None:
+    log = MemoryLog()
+
+    async def step(n: int) -> str:
+        return step_text(n)
+
+    async with Host(chat=stepper(), log=log, tools={"step": step}, max_model_calls=2) as host:
+        ids = [await host.start(SPEC, prompt_for(2, str(i))) for i in range(8)]
+        for session_id in ids:
+            await settle(host, session_id)
+        # Every session at rest; the tasks that ran them wait to be handed more.
+        assert all(not host._sessions[session_id].running for session_id in ids)
+        assert 1 <= len(host._idle) <= _IDLE_TASKS
+        starts = CountingStarts(host)
+        for session_id in ids:
+            await host.send(session_id, prompt_for(1, "again"))
+            assert (await settle(host, session_id)).text == answer_for(1)
+        assert starts.started == 0
+        idle = list(host._idle)
+    assert host._idle == []
+    assert all(task.handed.is_set() and task.session is None for task in idle)
+    for session_id in ids:
+        check_log(await log.read(session_id))
+
+
+async def test_no_more_than_the_bound_of_session_tasks_wait_idle() -> None:
+    count = _IDLE_TASKS + 20
+    # Each call waits for all the others: every session has a task of its own at once.
+    model = Meeting(count)
+    async with Host(chat=model) as host:
+        ids = [await host.start(SPEC, f"hello {i}") for i in range(count)]
+        for session_id in ids:
+            assert (await settle(host, session_id)).text == "done"
+        await anyio.wait_all_tasks_blocked()
+        assert model.most == count
+        assert len(host._idle) == _IDLE_TASKS

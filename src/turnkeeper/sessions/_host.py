@@ -448,6 +448,7 @@ class Host(HostActor, HostRecovery, HostResting, HostApprovals, HostForks, HostD
             check_seconds("grace", grace, optional=True)
         self._accepting = False
         self._stopping = True
+        self._end_idle_tasks()
         limit = self.stop_grace if grace is None else grace
         self._end_deltas()
         for session in self._sessions.values():

@@ -43,6 +43,7 @@ from turnkeeper.sessions._host_records import (
     HostStatus,
     HostStopped,
     SessionInfo,
+    _IdleTask,
     _logged,
     _Session,
     _take_up,
@@ -180,6 +181,9 @@ class HostBase:
         # the log holds the schema, and a session's answer is decoded into its type.
         self._output_types: dict[str, Any] = {}
         self._group: anyio.abc.TaskGroup | None = None
+        # Session tasks that ran a session to its rest and wait to be handed the next one
+        # (`HostActor._spawn`), the longest idle first.
+        self._idle: list[_IdleTask] = []
         self._stack: AsyncExitStack | None = None
         self._accepting = False
         self._stopping = False

@@ -228,6 +228,17 @@ class _Session:
         return refusals[use.id]
 
 
+class _IdleTask:
+    """A session task with no session, waiting to be handed one: `session` is set, then
+    `handed`, or `handed` alone to end the task."""
+
+    __slots__ = ("handed", "session")
+
+    def __init__(self) -> None:
+        self.handed = anyio.Event()
+        self.session: _Session | None = None
+
+
 def _take_up(session: _Session, rebuilt: _Session) -> bool:
     """Make `rebuilt` (read from the log) the session's state; True if the log holds more
     than the session saw. Its errored flag and error are the log's only then (a chat

@@ -21,6 +21,7 @@ from turnkeeper.guards import (
     compose,
     consecutive_errors,
     correct_reply,
+    cost_budget,
     default_guards,
     duplicate_calls,
     final_turn,
@@ -29,9 +30,11 @@ from turnkeeper.guards import (
     repair,
     restate_request,
     resume_next_step,
+    self_feeding,
     terminal_tool,
+    typed_output,
 )
-from turnkeeper.guards._view import acts_in, phases_of
+from turnkeeper.guards._view import acts_in, phases_of, setting_of
 from turnkeeper.sessions import open_session
 from turnkeeper.state import SessionState
 
@@ -215,3 +218,32 @@ def test_compose_runs_a_marked_guard_only_in_its_phase() -> None:
     composed(VIEW)
     assert (marked.seen, unmarked.seen) == ([], [VIEW])
     assert phases_of(compose(max_turns, final_turn)) == {"before_call"}
+
+
+def test_a_guard_marked_with_its_setting_is_skipped_while_the_setting_is_off() -> None:
+    marked = Recorder(Verdict(directives=(Directive("loop", "looping"),)))
+    acts_in("before_call", setting="loop")(marked)
+    guard = compose(marked)
+    on = VIEW
+    off = GuardView("before_call", session(guards=GuardConfig(loop=None)), 0.0)
+    # Each view after the other: what runs follows the config of the view at hand.
+    assert [d.text for d in guard(on).directives] == ["looping"]
+    assert guard(off) is CONTINUE
+    assert [d.text for d in guard(on).directives] == ["looping"]
+    assert marked.seen == [on, on]
+
+
+BUILT_IN = (*PHASE_OF, self_feeding, cost_budget, typed_output)
+
+
+def test_each_built_in_guard_names_its_setting_and_continues_without_it() -> None:
+    looping = session(repeats=2, warned_repeats=0, polls=3, max_turns=3)
+    reply = Reply({"role": "assistant", "content": "done"}, "done", (), "stop", Usage())
+    for guard in BUILT_IN:
+        setting = setting_of(guard)
+        assert setting in GuardConfig.__struct_fields__, guard
+        off = msgspec.structs.replace(
+            looping, guards=msgspec.structs.replace(looping.guards, **{setting: None})
+        )
+        for phase in ("before_call", "after_response"):
+            assert guard(GuardView(phase, off, 0.0, reply=reply)) is CONTINUE, (guard, phase)

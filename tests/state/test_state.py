@@ -870,3 +870,23 @@ def test_fold_equals_applying_each_event(
     if isinstance(middle, SessionState):
         assert folded(middle, envelopes[start:]) == one_by_one(middle, envelopes[start:])
     assert folded(state, envelopes) == one_by_one(state, envelopes)
+
+
+def test_sessions_opened_with_equal_guard_configs_share_one() -> None:
+    spec = AgentSpec(tools=(ToolSpec("search"),))
+    first = initial_state(
+        "local_a",
+        SessionOpened(spec=spec, history=(), max_turns=50, guards=GuardConfig(), resume=False),
+    )
+    # Decoded from a log, as a host's recovered sessions are: equal, not the same object.
+    decoded = msgspec.json.decode(msgspec.json.encode(GuardConfig()), type=GuardConfig)
+    again = initial_state(
+        "local_b", SessionOpened(spec=spec, history=(), max_turns=50, guards=decoded, resume=False)
+    )
+    assert again.guards is first.guards
+    other = GuardConfig(loop=None)
+    changed = initial_state(
+        "local_c", SessionOpened(spec=spec, history=(), max_turns=50, guards=other, resume=False)
+    )
+    assert changed.guards == other
+    assert changed.guards is not first.guards

@@ -37,7 +37,7 @@ def with_last_result(state: SessionState, lead: str) -> str:
     return f"{gist(last)}\n\n{lead}" if last else lead
 
 
-@acts_in("before_call")
+@acts_in("before_call", setting="max_turns")
 def max_turns(view: GuardView) -> Verdict:
     """Halt before a model call the episode's `max_turns` does not allow. With its `answer`
     setting, an episode with tool results stops one poll earlier: the last allowed poll is
@@ -55,7 +55,7 @@ def max_turns(view: GuardView) -> Verdict:
     return Verdict(halt=Halt("max_turns", "max_turns_exceeded", with_last_result(state, lead)))
 
 
-@acts_in("before_call")
+@acts_in("before_call", setting="final_turn")
 def final_turn(view: GuardView) -> Verdict:
     """On the last poll `max_turns` allows, tell the model to finish now."""
     state = view.state
@@ -77,7 +77,7 @@ def final_turn(view: GuardView) -> Verdict:
     return Verdict(directives=(Directive("final_turn", text),))
 
 
-@acts_in("after_response")
+@acts_in("after_response", setting="duplicates")
 def duplicate_calls(view: GuardView) -> Verdict:
     """Self-answer a call repeating (name, args) from earlier in the episode or this reply."""
     state = view.state
@@ -104,7 +104,7 @@ def duplicate_calls(view: GuardView) -> Verdict:
     return Verdict(self_answers=tuple(answers)) if answers else CONTINUE
 
 
-@acts_in("after_response")
+@acts_in("after_response", setting="repair")
 def repair(view: GuardView) -> Verdict:
     """Send a bad reply back to the model once, and end the run with an apology at the
     second bad reply in a row. Bad calls (an unknown tool, unreadable or invalid
@@ -155,7 +155,7 @@ def repairs(state: SessionState, reply: Reply) -> bool:
     return _problem(state, reply) is not None
 
 
-@acts_in("before_call")
+@acts_in("before_call", setting="consecutive_errors")
 def consecutive_errors(view: GuardView) -> Verdict:
     """Tell the model to fix the error of a tool that has now failed `threshold` times in a row."""
     state = view.state
@@ -178,7 +178,7 @@ def consecutive_errors(view: GuardView) -> Verdict:
     return Verdict(directives=tuple(directives)) if directives else CONTINUE
 
 
-@acts_in("before_call")
+@acts_in("before_call", setting="loop")
 def loop_detection(view: GuardView) -> Verdict:
     """Flag a new repeat (same call and same answer, or the same reply text) to the model
     `warnings` times; halt at the next repeat after that. A stop that becomes an answer
@@ -206,7 +206,7 @@ def loop_detection(view: GuardView) -> Verdict:
     return Verdict(halt=halt)
 
 
-@acts_in("after_response")
+@acts_in("after_response", setting="terminal")
 def terminal_tool(view: GuardView) -> Verdict:
     """Finish on a valid call of the terminal tool; with `required`, re-prompt an answer that
     skipped it `max_reprompts` times, then halt."""
@@ -239,7 +239,7 @@ def terminal_tool(view: GuardView) -> Verdict:
     return Verdict(halt=Halt("terminal", "no_terminal_tool", message))
 
 
-@acts_in("before_call")
+@acts_in("before_call", setting="budget")
 def budget(view: GuardView) -> Verdict:
     """Halt before a model call once the episode has used its token or time budget."""
     state = view.state

@@ -9,7 +9,7 @@ from turnkeeper.guards._builtin import with_last_result
 from turnkeeper.guards._view import CONTINUE, GuardView, Halt, Verdict, acts_in
 
 
-@acts_in("before_call")
+@acts_in("before_call", setting="cost")
 def cost_budget(view: GuardView) -> Verdict:
     """Halt before a model call once the episode's calls have cost `max_cost` or more, or
     the session's `max_session_cost` or more (both compared exactly with the costs its

@@ -38,7 +38,7 @@ _LONGEST_VALUE = 1000
 _MOST_DECIMALS = 20
 
 
-@acts_in("before_call")
+@acts_in("before_call", setting="self_feeding")
 def self_feeding(view: GuardView) -> Verdict:
     """After a tool step, flag a chain of self-feeding calls (see the module) longer than
     `max_links` links `warnings` times, then halt. The halt's message leads with what the

@@ -31,7 +31,7 @@ def output_halt(state: SessionState, problem: str) -> Halt:
     return Halt("output", "invalid_output", with_last_result(state, lead))
 
 
-@acts_in("after_response")
+@acts_in("after_response", setting="output")
 def typed_output(view: GuardView) -> Verdict:
     """Send back an answer that does not match the spec's `output_schema` (a reply without
     calls that the repair guard leaves alone), `max_reprompts` times, then halt."""

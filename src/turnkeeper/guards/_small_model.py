@@ -27,7 +27,7 @@ _ACKNOWLEDGES = re.compile(
 _PUSHES = r"\b(use|call|run|try|click|press|tap|invoke|open)\b[^.!?\n]{0,40}?"
 
 
-@acts_in("before_call")
+@acts_in("before_call", setting="small_model")
 def resume_next_step(view: GuardView) -> Verdict:
     """A reattached transcript that ends on a tool result resumes with a "next step" turn."""
     state = view.state
@@ -40,7 +40,7 @@ def resume_next_step(view: GuardView) -> Verdict:
     return Verdict(directives=(Directive("small_model", NEXT_STEP),))
 
 
-@acts_in("before_call")
+@acts_in("before_call", setting="small_model")
 def restate_request(view: GuardView) -> Verdict:
     """After a tool step, restate the request so a small model continues it."""
     state = view.state
@@ -55,7 +55,7 @@ def restate_request(view: GuardView) -> Verdict:
     return Verdict(directives=(Directive("small_model", text),))
 
 
-@acts_in("after_response")
+@acts_in("after_response", setting="small_model")
 def correct_reply(view: GuardView) -> Verdict:
     """Once per step, send back a plain reply that ignores the last failed call, or that
     tells the user to use a tool the model has itself."""

@@ -86,11 +86,14 @@ Guard = Callable[[GuardView], Verdict]
 PHASES: frozenset[Phase] = frozenset(("before_call", "after_response"))
 
 
-def acts_in(phase: Phase) -> Callable[[Guard], Guard]:
-    """Mark a guard as answering CONTINUE in every other phase, so `compose` skips it there."""
+def acts_in(phase: Phase, *, setting: str | None = None) -> Callable[[Guard], Guard]:
+    """Mark a guard as answering CONTINUE in every other phase and, with `setting` (a field
+    of GuardConfig), whenever the session's GuardConfig has that field None: `compose`
+    skips it there."""
 
     def mark(guard: Guard) -> Guard:
         guard.phases = frozenset((phase,))  # type: ignore[attr-defined]
+        guard.setting = setting  # type: ignore[attr-defined]
         return guard
 
     return mark
@@ -100,3 +103,9 @@ def phases_of(guard: Guard) -> frozenset[Phase]:
     """The phases a guard acts in (every phase unless it was marked with `acts_in`)."""
     phases: frozenset[Phase] = getattr(guard, "phases", PHASES)
     return phases
+
+
+def setting_of(guard: Guard) -> str | None:
+    """The GuardConfig field whose None turns the guard off (see `acts_in`), if any."""
+    setting: str | None = getattr(guard, "setting", None)
+    return setting

@@ -46,6 +46,11 @@ def new_session_id() -> str:
         return "local_" + _ids_ahead.pop()
 
 
+_DEFAULT_GUARDS = GuardConfig()
+"""The guards of a session opened without any: valid as they are, checked once here."""
+check_guards(_DEFAULT_GUARDS)
+
+
 def open_session(
     spec: AgentSpec,
     *,
@@ -70,8 +75,11 @@ def open_session(
         raise InputError(f"session_id: expected a non-empty string, got {session_id!r}")
     if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
         raise InputError(f"max_turns: expected a positive integer, got {max_turns!r}")
-    config = GuardConfig() if guards is None else guards
-    check_guards(config)
+    if guards is None:
+        config = _DEFAULT_GUARDS
+    else:
+        check_guards(guards)
+        config = guards
     if config.terminal is not None and config.terminal.required and spec.terminal_tool is None:
         raise InputError("guards.terminal.required: the spec names no terminal_tool")
     transcript = _transcript(history)

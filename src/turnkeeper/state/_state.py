@@ -169,12 +169,30 @@ def initial_state(session_id: str, opened: SessionOpened) -> SessionState:
         spec=opened.spec,
         history=history,
         max_turns=opened.max_turns,
-        guards=opened.guards,
+        guards=_shared_guards(opened.guards),
         resume=opened.resume,
         status=status,
         pending=pending,
     )
     return _remembering(state) if opened.resume else state
+
+
+_GUARDS: dict[GuardConfig, GuardConfig] = {}
+_MOST_GUARDS = 64
+
+
+def _shared_guards(guards: GuardConfig) -> GuardConfig:
+    """`guards`, or an equal GuardConfig a session opened before holds: sessions configured
+    alike (most of a host's) share one, which a composed guard recognises at once, and
+    none holds a copy of its own. Past `_MOST_GUARDS` configurations told apart, the
+    table starts again."""
+    shared = _GUARDS.get(guards)
+    if shared is not None:
+        return shared
+    if len(_GUARDS) >= _MOST_GUARDS:
+        _GUARDS.clear()
+    _GUARDS[guards] = guards
+    return guards
 
 
 def _remembering(state: SessionState) -> SessionState:

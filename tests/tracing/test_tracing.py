@@ -541,3 +541,23 @@ async def test_a_host_s_requests_each_parent_their_own_spans_while_waiting_for_s
     # Each request: four model calls (three steps, then the answer) and three tool calls.
     for session_id in ids:
         assert sorted(children[session_id]) == ["chat default"] * 4 + ["execute_tool step"] * 3
+
+
+@pytest.mark.anyio
+async def test_a_host_request_sent_within_a_span_is_its_child(
+    spans: InMemorySpanExporter,
+) -> None:
+    tracer = spans_provider(spans).get_tracer("orchestrator")
+    async with Host(chat=ScriptedChat([text_response("hi"), text_response("again")])) as host:
+        with tracer.start_as_current_span("POST /v1/sessions") as request_span:
+            session_id = await host.start(HOST_SPEC, "hello")
+        await settle(host, session_id)
+        # A later request with no span around it is a root of its own.
+        await host.send(session_id, "more")
+        await settle(host, session_id)
+    first, second = sorted(
+        by_operation(spans.get_finished_spans(), "invoke_agent"), key=lambda s: s.start_time or 0
+    )
+    assert first.parent is not None
+    assert first.parent.span_id == request_span.get_span_context().span_id
+    assert second.parent is None

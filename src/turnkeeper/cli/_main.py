@@ -9,6 +9,7 @@ the log is damaged); 2 bad arguments, files, logs or configuration; 3 the model 
 
 from __future__ import annotations
 
+import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
@@ -72,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         namespace = build_parser().parse_args(argv)
         options_type, command = _COMMANDS[namespace.command]
         options = msgspec.convert(vars(namespace), options_type)
-        code: int = anyio.run(partial(command, options), backend="trio")
+        code = anyio.run(partial(_interruptible, command, options), backend="trio")
     except UsageError as exc:
         print(exc, file=sys.stderr)
         return _codes.USAGE
@@ -80,6 +81,41 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"turnkeeper: error: {exc}", file=sys.stderr)
         return _codes.USAGE
     except KeyboardInterrupt:
+        code = None
+    if code is None:
         print("turnkeeper: interrupted", file=sys.stderr)
         return _codes.INTERRUPTED
     return code
+
+
+async def _interruptible(command: Callable[[Any], Awaitable[int]], options: Any) -> int | None:
+    """Run `command(options)` and return its exit code, or None if Ctrl-C stopped it.
+
+    The first SIGINT cancels the command, so it unwinds as a cancellation does (its log
+    flushed, its streams closed) rather than from wherever in its code the signal landed:
+    a KeyboardInterrupt there can leave a response's generator unclosed, which Python
+    then reports on stderr at exit. A second SIGINT, during that unwinding, interrupts at
+    once. A command that handles SIGINT itself (serve, ui) takes the first one while its
+    own receiver is open."""
+    interrupted = False
+    code: int | None = None
+
+    async def cancel_on_sigint(scope: anyio.CancelScope) -> None:
+        nonlocal interrupted
+        with anyio.open_signal_receiver(signal.SIGINT) as signals:
+            async for _ in signals:
+                interrupted = True
+                scope.cancel()
+                return
+
+    try:
+        async with anyio.create_task_group() as group:
+            group.start_soon(cancel_on_sigint, group.cancel_scope)
+            code = await command(options)
+            group.cancel_scope.cancel()
+    except BaseExceptionGroup as failures:
+        # The command's own error (or a second Ctrl-C), as main() reports it.
+        if len(failures.exceptions) == 1:
+            raise failures.exceptions[0] from None
+        raise
+    return None if interrupted else code

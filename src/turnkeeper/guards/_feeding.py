@@ -110,17 +110,18 @@ def _may_feed(
     for what `_step_before`, `_link` and their helpers would otherwise each be called for,
     as a poll pays for each function it runs more than for what the function does."""
     newest = True
-    for index in range(len(history) - 1, -1, -1):
-        message = history[index]
+    for message in reversed(history):
         role = message.get("role")
         if newest:
             # The newest step's results and directives, then its reply.
-            newest = role in _BETWEEN
+            newest = role == "tool" or role == "user"
         elif role == "tool":
             content = message.get("content")
             if type(content) is not str:
                 content = text_of(message)
-            if content is None or content.startswith(_NOT_RESULTS):
+                if content is None:
+                    continue
+            if content.startswith(_NOT_RESULTS):
                 continue
             text = content.strip()
             if not text or len(text) > _LONGEST_VALUE:
@@ -130,11 +131,10 @@ def _may_feed(
             if first in "-{" or first.isdigit():
                 return True
             for use, result in results:
-                if result.is_error:
-                    continue
-                for given in use.input.values():
-                    if isinstance(given, str) and given.strip() == text:
-                        return True
+                if not result.is_error:
+                    for given in use.input.values():
+                        if type(given) is str and given.strip() == text:
+                            return True
         elif role != "user":
             return False
     return False

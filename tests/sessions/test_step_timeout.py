@@ -4,16 +4,25 @@
 from __future__ import annotations
 
 import inspect
+import random
 from typing import Any
 
 import anyio
 import pytest
 
-from tests.sessions.host_worker import SPEC, prompt_for, settle, step_tool
+from tests.sessions.host_worker import (
+    SPEC,
+    answer_for,
+    check_log,
+    prompt_for,
+    settle,
+    step_tool,
+    stepper,
+)
 from turnkeeper.core import ChatError, InputError
-from turnkeeper.events import ChatFailed
+from turnkeeper.events import ChatFailed, ChatRetried
 from turnkeeper.logs import MemoryLog
-from turnkeeper.providers import text_response
+from turnkeeper.providers import text_response, with_retry
 from turnkeeper.sessions import Host, run
 from turnkeeper.sessions._step_timeout import STEP_TIMEOUT, timed_chat
 from turnkeeper.state import replay
@@ -76,3 +85,73 @@ async def test_a_host_session_whose_model_never_returns_ends_errored_not_running
         await host.retry(session_id)
         assert (await settle(host, session_id, timeout=30)).status == "errored"
         assert host.counters["chat_errors"] == 2
+
+
+async def test_a_host_logs_the_retries_a_call_made_before_its_timeout() -> None:
+    attempts = 0
+
+    async def busy_then_silent(request: dict[str, Any]) -> dict[str, Any]:
+        nonlocal attempts
+        attempts += 1
+        if attempts == 1:
+            raise ChatError("busy", transient=True, status=503)
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    chat = with_retry(busy_then_silent, base_delay=0.0, jitter=lambda: 0.0)
+    log = MemoryLog()
+    async with Host(chat=chat, log=log, tools=step_tool(), step_timeout=0.2) as host:
+        session_id = await host.start(SPEC, prompt_for(1))
+        assert (await settle(host, session_id, timeout=30)).status == "errored"
+        events = await log.read(session_id)
+    assert [e.type for e in events[-2:]] == ["local.chat_retry", "local.chat_error"]
+    retried = events[-2].event
+    assert isinstance(retried, ChatRetried)
+    assert (retried.attempt, retried.status) == (1, 503)
+    assert replay(events).status == "running"
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+async def test_calls_ending_about_when_their_timeout_does_are_logged_once_either_way(
+    seed: int,
+) -> None:
+    # Replies come from just before to just after the timeout, so some calls are cut short
+    # at the moment their reply comes back. Each call is logged once, as its reply or as
+    # the timeout, and the sessions sharing a task with a cut-short one go on unharmed.
+    timeout = 0.05
+    chance = random.Random(seed)
+    model = stepper()
+
+    async def around_the_timeout(request: dict[str, Any]) -> dict[str, Any]:
+        await anyio.sleep(timeout * chance.uniform(0.8, 1.2))
+        return await model(request)
+
+    log = MemoryLog()
+    host = Host(
+        chat=around_the_timeout,
+        log=log,
+        tools=step_tool(),
+        step_timeout=timeout,
+        max_model_calls=4,
+    )
+    async with host:
+        ids = [await host.start(SPEC, prompt_for(3, f"s{i}")) for i in range(30)]
+        for _ in range(20):
+            infos = [await settle(host, session_id, timeout=30) for session_id in ids]
+            errored = [info.session_id for info in infos if info.status == "errored"]
+            if not errored:
+                break
+            for session_id in errored:
+                await host.retry(session_id)
+        assert [info.status for info in infos] == ["idle"] * len(ids)
+        assert host.counters["chat_errors"] > 0
+        assert host.counters.get("session_crashes", 0) == 0
+        for session_id in ids:
+            events = await log.read(session_id)
+            state = check_log(events)
+            assert state.history[-1]["content"] == answer_for(3)
+            failures = [e.event for e in events if isinstance(e.event, ChatFailed)]
+            assert all("took longer than 0.05 s" in f.error for f in failures)
+            # One step call and one result per step: no reply logged twice.
+            calls = [e for e in events if e.type == "local.tool_call"]
+            assert len(calls) == 3

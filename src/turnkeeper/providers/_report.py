@@ -25,8 +25,11 @@ class collecting_events:  # lower case: it is used as a function, `with collecti
     collected: list[AnyEvent]
     token: Token[list[AnyEvent] | None]
 
+    def __init__(self, into: list[AnyEvent] | None = None) -> None:
+        """Collect into `into` (a new list by default)."""
+        self.collected = [] if into is None else into
+
     def __enter__(self) -> list[AnyEvent]:
-        self.collected = []
         self.token = _sink.set(self.collected)
         return self.collected
 

@@ -68,11 +68,16 @@ class Answer(msgspec.Struct, frozen=True, gc=False):
 
 
 async def call_model(
-    chat: Chat, request: dict[str, Any], deltas: DeltaSink | None = None
+    chat: Chat,
+    request: dict[str, Any],
+    deltas: DeltaSink | None = None,
+    reported: list[AnyEvent] | None = None,
 ) -> Called:
     """Send `request` to `chat`; a ChatError is the outcome's failure, not raised. With
-    `deltas`, a backend that can stream sends the reply's fragments there as they come."""
-    with collecting_events() as reported:
+    `deltas`, a backend that can stream sends the reply's fragments there as they come.
+    What the backend reports meanwhile goes to `reported` (a new list by default), which
+    a caller keeps if the call may be cut short."""
+    with collecting_events(reported) as reported:
         try:
             if deltas is None:
                 response = await chat(request)

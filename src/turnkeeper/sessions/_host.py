@@ -111,6 +111,12 @@ class Host(HostActor, HostRecovery, HostResting, HostApprovals, HostForks, HostD
             self._stack = stack
             self._accepting = True
             await self._recover()
+            if self.step_timeout is not None:
+                # Started once nothing can fail the entry (which leaves the task group and
+                # waits for its tasks); its scope made here, so that a stop before the task
+                # first runs ends it too. Calls made meanwhile wait in `_in_calls`.
+                self._step_watch = anyio.CancelScope()
+                self._group.start_soon(self._watch_steps, self._step_watch, name="step watch")
         except BaseException:
             await stack.aclose()
             raise
@@ -470,6 +476,8 @@ class Host(HostActor, HostRecovery, HostResting, HostApprovals, HostForks, HostD
             for session in self._sessions.values():
                 if session.scope is not None:
                     self._end_task(session)
+            if self._step_watch is not None:
+                self._step_watch.cancel()
 
 
 def _taken(session_id: str) -> InputError:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from contextlib import AbstractContextManager, nullcontext
+from typing import Any
 
 import anyio
 import anyio.abc
 import msgspec
 
-from turnkeeper.core import ToolResult, ToolUse, TurnkeeperError
+from turnkeeper.core import ChatError, ToolResult, ToolUse, TurnkeeperError
 from turnkeeper.events import (
     AnyEvent,
     Envelope,
@@ -21,7 +22,8 @@ from turnkeeper.events import (
     ToolMayHaveRun,
     ToolReturned,
 )
-from turnkeeper.sessions._driver import answer, call_model, compacted, plan_compaction
+from turnkeeper.providers import DeltaSink
+from turnkeeper.sessions._driver import Called, answer, call_model, compacted, plan_compaction
 from turnkeeper.sessions._host_base import HostBase, _log
 from turnkeeper.sessions._host_records import _IdleTask, _Session, _take_up
 from turnkeeper.sessions._inputs import Input, Resume, UserMessage
@@ -61,10 +63,12 @@ class _HostCalls:
 
 
 _IDLE_TASKS = 64
-"""The most session tasks kept waiting idle. A task waiting idle holds about 13 KB (trio),
-so 64 are under 1 MB a host; in bench/host.py (10,000 sessions, 150 model-call slots) they
-take the tasks started per turn from 1.33 to 0.57 (16 would leave 1.06: replies come in
-bursts, and so do the turns they hand on)."""
+"""The most session tasks kept waiting idle, or twice the model-call slots if more. A task
+waiting idle holds about 13 KB (trio), so 64 are under 1 MB a host. Under a slot limit,
+as many tasks run as sessions hold slots, and about as many again finish the turns whose
+calls gave their slots back: in bench/host.py (10,000 sessions, 150 slots) a new task
+costs the event loop as much as a third of a turn, and tasks started per turn go from
+1.33 with no task kept to 0.31 with 64 and 0.001 with 300."""
 
 
 class HostActor(HostBase):
@@ -89,27 +93,49 @@ class HostActor(HostBase):
         """Run `session`, then each session handed to this task while it waits idle: a
         session goes to a task at every turn that waited for a model-call slot, and a
         hand-over costs the event loop a third of a new task. The task ends when the host
-        stops taking work, or when `_IDLE_TASKS` others wait already."""
+        stops taking work, or when enough others wait already (see `_IDLE_TASKS`).
+
+        The sessions the task runs share its scope (shielded: only the host cancels it,
+        through `_end_task` or the step timeout), one scope for as long as none of them is
+        cancelled: a scope costs the event loop as much as a fifth of a turn. A cancelled
+        scope is left, and a new one opened for the next session (or for the same one,
+        to log the outcome of its model call that the step timeout cut short)."""
         while True:
-            await self._run(session)
-            if not self._accepting or len(self._idle) >= _IDLE_TASKS:
-                return
-            idle = _IdleTask()
-            self._idle.append(idle)
-            try:
-                await idle.handed.wait()
-            except BaseException:
-                if idle.session is None:
-                    if idle in self._idle:
-                        self._idle.remove(idle)
-                elif self._group is not None:
-                    # Handed one as it was cancelled (asyncio delivers that after the set):
-                    # the session still needs its task.
-                    self._group.start_soon(self._serve, idle.session, name="session task")
-                raise
+            with anyio.CancelScope(shield=True) as scope:
+                while True:
+                    await self._run(session, scope)
+                    if scope.cancel_called:
+                        break
+                    handed = await self._handed()
+                    if handed is None:
+                        return
+                    session = handed
+            if session.expired is None:
+                handed = await self._handed()
+                if handed is None:
+                    return
+                session = handed
+
+    async def _handed(self) -> _Session | None:
+        """Wait idle for the next session to run, and return it; None at once if the host
+        takes no more work or enough tasks wait already, or when the host stops."""
+        slots = self.max_model_calls or 0
+        if not self._accepting or len(self._idle) >= max(_IDLE_TASKS, 2 * slots):
+            return None
+        idle = _IdleTask()
+        self._idle.append(idle)
+        try:
+            await idle.handed.wait()
+        except BaseException:
             if idle.session is None:
-                return
-            session = idle.session
+                if idle in self._idle:
+                    self._idle.remove(idle)
+            elif self._group is not None:
+                # Handed one as it was cancelled (asyncio delivers that after the set):
+                # the session still needs its task.
+                self._group.start_soon(self._serve, idle.session, name="session task")
+            raise
+        return idle.session
 
     def _end_idle_tasks(self) -> None:
         """End the tasks waiting idle (the host takes no more work)."""
@@ -130,13 +156,13 @@ class HostActor(HostBase):
         session.has_slot = False
         return False
 
-    async def _run(self, session: _Session) -> None:
-        """Supervise the session in a scope of its own, which cancel() cancels, and stop()
+    async def _run(self, session: _Session, scope: anyio.CancelScope) -> None:
+        """Supervise the session in its task's `scope`, which cancel() cancels, and stop()
         after the grace (or when the host is cancelled)."""
         session.ending = False
+        session.scope = scope
         try:
-            with anyio.CancelScope(shield=True) as session.scope:
-                await self._supervise(session)
+            await self._supervise(session)
         finally:
             session.scope = None
             # Ended by a cancel that then failed, which woke it to go on: a task again.
@@ -208,11 +234,17 @@ class HostActor(HostBase):
                 session.has_slot = False
                 assert self._model_slots is not None
                 self._model_slots.give_back()
-            # Waiting for a slot, the request goes on: its span stays open.
-            if not session.waiting_slot:
-                self._close_span(session)
-            session.ended()
-            self._note(session)
+            if session.expired is not None and not self._stopping and session.cancelling is None:
+                # Its model call outlived the step timeout: the task runs it on at once, in
+                # a new scope, to log the outcome (`_serve`). It keeps its task and span.
+                pass
+            else:
+                session.expired = None
+                # Waiting for a slot, the request goes on: its span stays open.
+                if not session.waiting_slot:
+                    self._close_span(session)
+                session.ended()
+                self._note(session)
 
     async def _give_up(self, session: _Session) -> None:
         with anyio.CancelScope(shield=True):
@@ -368,31 +400,14 @@ class HostActor(HostBase):
 
     async def _call_model(self, session: _Session) -> None:
         """Make the model call of the poll in flight and log its answer (or its failure)."""
-        slots = self._model_slots
-        if slots is not None:
-            if session.has_slot:
-                # Granted while it waited with no task.
-                session.has_slot = False
-            elif not slots.take():
-                # None free: the session waits for one with no task (its task ends here),
-                # and `_grant_slot` starts one when a slot is given back to it.
-                session.waiting_slot = True
-                slots.wait(session)
+        called = session.expired
+        if called is not None:
+            # The call the step timeout cut short, run on in this scope (see `_call`).
+            session.expired = None
+        else:
+            called = await self._next_call(session)
+            if called is None:
                 return
-            if self._stopping:
-                # Its request is logged: the host's next start makes the call.
-                slots.give_back()
-                return
-        try:
-            await self._compact(session)
-            self._count("model_calls")
-            sink = None
-            if self._delta_watchers:
-                sink = self._delta_sink(session.state.session_id, session.state.seq)
-            called = await call_model(self.chat, build_request(session.state), sink)
-        finally:
-            if slots is not None:
-                slots.give_back()
         async with session.lock:
             # The state as it is now: messages may have been queued during the call.
             answered = answer(called, session.state, guard=self.guard, clock=self.clock)
@@ -420,14 +435,103 @@ class HostActor(HostBase):
                 events.append(envelope)
             await self._commit(session, events, ended)
 
+    async def _next_call(self, session: _Session) -> Called | None:
+        """Make the model call of the poll in flight, in a model-call slot; None if it is
+        not made now (it waits for a slot with no task, or the host is stopping)."""
+        slots = self._model_slots
+        if slots is not None:
+            if session.has_slot:
+                # Granted while it waited with no task.
+                session.has_slot = False
+            elif not slots.take():
+                # None free: the session waits for one with no task (its task ends here),
+                # and `_grant_slot` starts one when a slot is given back to it.
+                session.waiting_slot = True
+                slots.wait(session)
+                return None
+            if self._stopping:
+                # Its request is logged: the host's next start makes the call.
+                slots.give_back()
+                return None
+        try:
+            await self._compact(session)
+            self._count("model_calls")
+            sink = None
+            if self._delta_watchers:
+                sink = self._delta_sink(session.state.session_id, session.state.seq)
+            called = await self._call(session, build_request(session.state), sink)
+        finally:
+            if slots is not None:
+                slots.give_back()
+        return called
+
+    async def _call(
+        self, session: _Session, request: dict[str, Any], sink: DeltaSink | None
+    ) -> Called:
+        """The model call, bounded by the step timeout. Past it, `_watch_steps` cancels the
+        session's task scope: the call's outcome (the timeout's ChatError, or the response
+        that came in the same moment) is kept in `session.expired` for the task to log in a
+        new scope (`_serve`), as nothing more can run in this one. A scope of its own per
+        call would cost the event loop a tenth of a turn."""
+        timeout = self.step_timeout
+        if timeout is None:
+            return await call_model(self.chat, request, sink)
+        calls = self._in_calls
+        # Every call has the same timeout: the calls' insertion order is their deadlines'.
+        calls[session] = anyio.current_time() + timeout
+        if self._call_added is not None:
+            self._call_added.set()
+            self._call_added = None
+        reported: list[AnyEvent] = []
+        called: Called | None = None
+        try:
+            called = await call_model(self.chat, request, sink, reported)
+        finally:
+            if calls.pop(session, None) is None:
+                session.expired = (
+                    called
+                    if called is not None
+                    else Called(
+                        None,
+                        ChatError(f"the model took longer than {timeout:g} s", transient=True),
+                        reported,
+                    )
+                )
+        if session.expired is None:
+            return called
+        # Expired: the scope's cancellation is raised here (the outcome is logged by the
+        # task's next scope); where the scope was not this session's, the outcome is taken.
+        await anyio.lowlevel.checkpoint()
+        called, session.expired = session.expired, None
+        return called
+
+    async def _watch_steps(self, scope: anyio.CancelScope) -> None:
+        """Cut short each model call that outlives the step timeout (see `_call`), until
+        `scope` is cancelled (by `stop`)."""
+        calls = self._in_calls
+        with scope:
+            while True:
+                if not calls:
+                    self._call_added = added = anyio.Event()
+                    await added.wait()
+                    continue
+                session, deadline = next(iter(calls.items()))
+                now = anyio.current_time()
+                if deadline > now:
+                    await anyio.sleep(deadline - now)
+                    continue
+                del calls[session]
+                if session.scope is not None:
+                    session.scope.cancel()
+
     async def _compact(self, session: _Session) -> None:
         """Summarise the session's older turns before its model call, if a compaction is
         due, and log the outcome (in the model-call slot the call holds)."""
-        plan = await plan_compaction(self.chat, session.state)
+        plan = await plan_compaction(self._timed_chat, session.state)
         if plan is None:
             return
         self._count("model_calls")
-        called = await call_model(self.chat, plan.request)
+        called = await call_model(self._timed_chat, plan.request)
         async with session.lock:
             events, state = compacted(called, plan, session.state, clock=self.clock)
             self._count_events(events)

@@ -131,7 +131,15 @@ class HostBase:
         check_count("Host: max_tool_result_chars", max_tool_result_chars, 1)
         self.step_timeout = step_timeout
         self.max_tool_result_chars = max_tool_result_chars
-        self.chat = traced_chat(timed_chat(chat, step_timeout))
+        # The poll's model calls are bounded by the host's own step watch (`_call`), the
+        # summary calls of a compaction, rare, by a wrapper.
+        self.chat = traced_chat(chat)
+        self._timed_chat = traced_chat(timed_chat(chat, step_timeout))
+        # The poll's model calls in flight with their deadlines, oldest first, and the
+        # watch over them: its event to wake it once it has none, its scope.
+        self._in_calls: dict[_Session, float] = {}
+        self._call_added: anyio.Event | None = None
+        self._step_watch: anyio.CancelScope | None = None
         # A MemoryLog the host makes is never closed: closing it releases nothing, and a
         # closed one would refuse the reads that go on working after a stop.
         self.log = log if log is not None else MemoryLog()

@@ -10,6 +10,7 @@ import msgspec
 
 from turnkeeper.core import ToolUse, TurnkeeperError, Usage
 from turnkeeper.events import ChatFailed, Envelope, Failed
+from turnkeeper.sessions._driver import Called
 from turnkeeper.state import SessionState, denial
 from turnkeeper.tools import McpTools, check_call
 from turnkeeper.tracing import AgentSpan
@@ -178,6 +179,9 @@ class _Session:
         self.waiting_slot = False
         self.has_slot = False
         self.ending = False
+        # The outcome of a model call the step timeout cut short, for the task to log in a
+        # new scope (`Host._call`).
+        self.expired: Called | None = None
         self.backing_off = False
         self.running = False
         self.errored, self.error = logged

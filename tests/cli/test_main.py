@@ -677,7 +677,7 @@ TOOL_SHAPE = "expected a (ToolSpec, async function) pair or a ToolSpec"
         ),
         (
             ("replay", "good.jsonl", "--guards", '{"budget": {"max_seconds": 0}}'),
-            "--guards: guards.budget.max_seconds: expected a finite number of seconds > 0",
+            "--guards: guards.budget.max_seconds: expected a number of seconds over 0 to 1e15",
         ),
         (("run", "hi", "--guards", "{nope"), "--guards: not valid JSON"),
         (("run", "hi", "--guards", "nofile.json"), "neither a JSON object nor a file"),

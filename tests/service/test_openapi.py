@@ -4,6 +4,7 @@ route; its references resolve; and real responses match the schemas it documents
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -311,6 +312,10 @@ GUARDS: list[tuple[str, str, object, bool]] = [
     ("budget", "max_tokens", 1, False),
     ("budget", "max_seconds", 0, True),
     ("budget", "max_seconds", 0.001, False),
+    ("budget", "max_seconds", 10**15, False),
+    # Past the largest float, read as the largest float: refused, as the schema says.
+    ("budget", "max_seconds", int(sys.float_info.max) + 1, True),
+    ("cost", "max_cost", int(sys.float_info.max) + 1, True),
     ("small_model", "window_turns", 0, True),
     ("small_model", "window_turns", 1, False),
     ("small_model", "max_result_chars", 0, True),

@@ -358,10 +358,10 @@ async def test_bad_arguments_are_input_errors() -> None:
             "after: expected an integer from 0 to .*, got 9223372036854775808": host.events(
                 session_id, after=2**63
             ),
-            "wait: expected a finite number of seconds >= 0, got nan": host.events(
+            "wait: expected a number of seconds from 0 to 1e15, got nan": host.events(
                 session_id, wait=NAN
             ),
-            "wait: expected None or a finite number of seconds >= 0, got True": host.result(
+            "wait: expected None or a number of seconds from 0 to 1e15, got True": host.result(
                 session_id, wait=True
             ),
             "cannot encode event": host.start(SPEC, "lone \ud800 surrogate"),

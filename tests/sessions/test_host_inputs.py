@@ -219,23 +219,23 @@ async def test_waits_and_the_stop_grace_are_finite_seconds_checked_before_anythi
         session_id = await host.start(SPEC, "hello")
         await settle(host, session_id)
         refused: dict[str, Callable[[], Awaitable[object]]] = {
-            "wait: expected a finite number of seconds >= 0, got -1": lambda: host.events(
+            "wait: expected a number of seconds from 0 to 1e15, got -1": lambda: host.events(
                 session_id, wait=-1
             ),
-            "wait: expected a finite number of seconds >= 0, got inf": lambda: host.events(
+            "wait: expected a number of seconds from 0 to 1e15, got inf": lambda: host.events(
                 session_id, wait=math.inf
             ),
-            "wait: expected a finite number of seconds >= 0, got '1'": lambda: host.events(
+            "wait: expected a number of seconds from 0 to 1e15, got '1'": lambda: host.events(
                 session_id,
                 wait="1",  # type: ignore[arg-type]
             ),
-            "wait: expected None or a finite number of seconds >= 0, got -0.5": lambda: host.result(
-                session_id, wait=-0.5
+            ("wait: expected None or a number of seconds from 0 to 1e15, got -0.5"): lambda: (
+                host.result(session_id, wait=-0.5)
             ),
-            "wait: expected None or a finite number of seconds >= 0, got inf": lambda: host.result(
-                session_id, wait=math.inf
+            ("wait: expected None or a number of seconds from 0 to 1e15, got inf"): lambda: (
+                host.result(session_id, wait=math.inf)
             ),
-            "wait: expected a finite number of seconds >= 0, got 1000": lambda: host.events(
+            "wait: expected a number of seconds from 0 to 1e15, got 1000": lambda: host.events(
                 session_id, wait=10**400
             ),
             "after: expected an integer .*, got True": lambda: host.events(session_id, after=True),
@@ -243,10 +243,10 @@ async def test_waits_and_the_stop_grace_are_finite_seconds_checked_before_anythi
                 session_id,
                 after=1.0,  # type: ignore[arg-type]
             ),
-            "grace: expected None or a finite number of seconds >= 0, got nan": lambda: host.stop(
-                grace=math.nan
+            ("grace: expected None or a number of seconds from 0 to 1e15, got nan"): lambda: (
+                host.stop(grace=math.nan)
             ),
-            "grace: expected None or a finite number of seconds >= 0, got -1": lambda: host.stop(
+            "grace: expected None or a number of seconds from 0 to 1e15, got -1": lambda: host.stop(
                 grace=-1
             ),
         }

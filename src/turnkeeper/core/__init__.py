@@ -10,7 +10,7 @@ from turnkeeper.core._calls import (
     reply_problem,
 )
 from turnkeeper.core._chat import Chat, approx_tokens, context_window, estimate_tokens, wraps_chat
-from turnkeeper.core._checks import check_count, check_seconds
+from turnkeeper.core._checks import MAX_SETTING, check_count, check_seconds
 from turnkeeper.core._compaction import Compaction, check_compaction
 from turnkeeper.core._depth import nests_deeper
 from turnkeeper.core._errors import (
@@ -97,6 +97,7 @@ __all__ = [
     "MAX_ARGUMENT_DEPTH",
     "MAX_DECIMALS",
     "MAX_JSON_DEPTH",
+    "MAX_SETTING",
     "AgentSpec",
     "Approval",
     "ApprovalDecision",

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-import sys
-
 from turnkeeper.core._errors import InputError
+
+MAX_SETTING = 1e15
+"""The largest number a setting of seconds or of a cost limit takes (in seconds, about 31
+million years). Under 2**53, where every whole number is a float exactly: a JSON integer
+past the bound stays past it as the float it is read into, where one past the largest
+float would round down onto it and be taken."""
 
 
 def check_count(name: str, value: object, least: int, *, optional: bool = False) -> None:
@@ -20,18 +24,18 @@ def check_count(name: str, value: object, least: int, *, optional: bool = False)
 def check_seconds(
     name: str, value: object, *, positive: bool = False, optional: bool = False
 ) -> None:
-    """Raise InputError, naming `name`, unless `value` is a finite number of seconds (not a
-    bool), >= 0 or, if `positive`, > 0; `optional`: the message says None is allowed too."""
+    """Raise InputError, naming `name`, unless `value` is a number of seconds (not a bool)
+    from 0 (more than 0 if `positive`) to MAX_SETTING; `optional`: the message says None is
+    allowed too."""
     # NaN fails both comparisons; an int past the float range compares exactly (where
-    # math.isfinite would overflow on it), and neither a timer nor a float field of the
-    # log could hold it.
+    # math.isfinite would overflow on it).
     if (
         isinstance(value, bool)
         or not isinstance(value, int | float)
-        or not 0 <= value <= sys.float_info.max
+        or not 0 <= value <= MAX_SETTING
         or (positive and value == 0)
     ):
-        allowed = "a finite number of seconds " + ("> 0" if positive else ">= 0")
+        allowed = f"a number of seconds {'over' if positive else 'from'} 0 to 1e15"
         if optional:
             allowed = "None or " + allowed
         raise InputError(f"{name}: expected {allowed}, got {value!r:.80}")

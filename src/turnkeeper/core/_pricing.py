@@ -14,6 +14,7 @@ from typing import overload
 
 import msgspec
 
+from turnkeeper.core._checks import MAX_SETTING
 from turnkeeper.core._errors import InputError
 
 MAX_AMOUNT = 1e9
@@ -65,12 +66,12 @@ def exact_amount(value: object, where: str = "price") -> Decimal:
 
 
 def check_limit(value: object, where: str) -> None:
-    """InputError, naming `where`, unless `value` is a finite number more than 0: a cost
+    """InputError, naming `where`, unless `value` is a number over 0 to MAX_SETTING: a cost
     limit, compared exactly (as `as_decimal` spells it) with what calls cost."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise InputError(f"{where}: expected a number, got {value!r:.80}")
-    if not (math.isfinite(value) and value > 0):
-        raise InputError(f"{where}: expected a finite number more than 0, got {value!r:.80}")
+    if not 0 < value <= MAX_SETTING:
+        raise InputError(f"{where}: expected a number over 0 to 1e15, got {value!r:.80}")
 
 
 def as_decimal(value: float) -> Decimal:

@@ -12,13 +12,12 @@ two disagree.
 
 from __future__ import annotations
 
-import sys
 from importlib.metadata import version
 from typing import Any
 
 import msgspec
 
-from turnkeeper.core import MAX_AMOUNT
+from turnkeeper.core import MAX_AMOUNT, MAX_SETTING
 from turnkeeper.events import TokenDelta
 from turnkeeper.logs import LARGEST_SEQ
 from turnkeeper.service._limits import Limits
@@ -69,7 +68,7 @@ _INPUT = "Input"
 # before a last newline, where JSON Schema's does not.
 _NAME = r"^[A-Za-z0-9_.\-]{1,64}$(?!\n)"
 _INT64 = {"minimum": -(2**63), "maximum": 2**63 - 1}
-_SECONDS = {"exclusiveMinimum": 0, "maximum": sys.float_info.max}
+_SECONDS = {"exclusiveMinimum": 0, "maximum": MAX_SETTING}
 # Prices: at most MAX_DECIMALS decimal places too, which a schema cannot say.
 _PRICE = {"minimum": 0, "maximum": MAX_AMOUNT}
 

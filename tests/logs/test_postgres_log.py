@@ -290,6 +290,51 @@ async def test_appends_that_arrive_together_share_rounds_and_a_notification_each
 
 
 @pytest.mark.anyio
+async def test_a_rounds_rows_and_outcomes_are_stored_as_given(postgres_url: str) -> None:
+    # The writer packs a round's arrays itself: every column as the envelope has it, text
+    # that is not ASCII, an empty outcome beside a NULL one, in rounds of several appends.
+    sessions = ["s-plain", "s-café ☕", "s-" + "x" * 300]
+    async with (
+        PostgresLog(postgres_url, worker_id="a") as a,
+        PostgresLog(postgres_url, worker_id="b") as b,
+    ):
+        await a.sessions()
+        appended = {
+            session_id: [
+                envelope(session_id, 1, at=1_800_000_000.123456 + index),
+                envelope(session_id, 2, MessageQueued(text="é"), at=0.5 + index),
+            ]
+            for index, session_id in enumerate(sessions)
+        }
+        async with anyio.create_task_group() as group:
+            for events in appended.values():
+                group.start_soon(partial(a.append, events, expected_seq=0))
+        items = [
+            (await b.post(session_id, "cancel", {"n": index})).item
+            for index, session_id in enumerate(sessions)
+        ]
+        outcomes = [None, "", "refusé: déjà fini"]
+        async with anyio.create_task_group() as group:
+            for item, outcome in zip(items, outcomes, strict=True):
+                group.start_soon(partial(a.consume, item, expected_seq=2, outcome=outcome))
+        for item, outcome in zip(items, outcomes, strict=True):
+            assert await b.outcome(item.id) == Consumed(item.id, 1, outcome)
+        for session_id, events in appended.items():
+            stored = query(
+                postgres_url,
+                "SELECT seq, epoch, at, type FROM turnkeeper_events WHERE session_id = %s "
+                "ORDER BY seq",
+                (session_id,),
+            )
+            assert stored == [(event.seq, 1, event.at, event.type) for event in events]
+            assert {type_ for _, _, _, type_ in stored} == {
+                "local.user_message",
+                "local.message_queued",
+            }
+            assert await b.read(session_id) == events
+
+
+@pytest.mark.anyio
 async def test_racing_writers_of_many_sessions_keep_each_sessions_positions_in_seq_order(
     postgres_url: str,
 ) -> None:

@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import functools
+import struct
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import anyio
 import psycopg
+from psycopg.adapt import Dumper
+from psycopg.pq import Format
 
 from turnkeeper.core import LogCorrupt, LogError
 from turnkeeper.logs._log import SeqConflict
 from turnkeeper.logs._shared import FenceLost
 
-# Parameters in binary (%b): arrays dumped as they are, not quoted as text (which costs
-# a regular expression per element of a text array).
+# Parameters in binary (%b), the arrays packed here (see `_Packed`).
 _APPEND = (
     "SELECT batch, code, actual, epoch, owner_name FROM turnkeeper_append("
     "%b, %b::text[], %b::bigint[], %b::bigint[], %b::integer[], %b::integer[], "
@@ -216,7 +219,7 @@ class Writer:
         writes = [write for _, write in grouped]
         bodies: list[bytes] = []
         ats: list[float] = []
-        types: list[str] = []
+        types: list[bytes] = []
         batches: list[int] = []
         seqs: list[int] = []
         c_batch: list[int] = []
@@ -225,7 +228,7 @@ class Writer:
         for index, write in enumerate(writes, start=1):
             bodies.extend(write.lines)
             ats.extend(write.ats)
-            types.extend(write.types)
+            types.extend(map(_type_element, write.types))
             batches += [index] * len(write.lines)
             seqs.extend(range(write.expected_seq + 1, write.expected_seq + len(write.lines) + 1))
             for item, outcome in write.consumes:
@@ -234,20 +237,20 @@ class Writer:
                 c_outcome.append(outcome)
         parameters = (
             self._worker,
-            [write.session_id for write in writes],
-            [write.expected_seq for write in writes],
-            [write.held for write in writes],
-            [len(write.lines) for write in writes],
-            groups,
-            [len(write.consumes) for write in writes],
-            b"\n".join(bodies).decode(),
-            ats,
-            types,
-            batches,
-            seqs,
-            c_batch,
-            c_item,
-            c_outcome,
+            _texts([write.session_id.encode() for write in writes]),
+            _int8s([write.expected_seq for write in writes]),
+            _int8s([write.held for write in writes]),
+            _int4s([len(write.lines) for write in writes]),
+            _int4s(groups),
+            _int4s([len(write.consumes) for write in writes]),
+            _Text(b"\n".join(bodies)),
+            _float8s(ats),
+            _Texts(_HEADER.pack(1, 0, _TEXT, len(types), 1) + b"".join(types)),
+            _int4s(batches),
+            _int8s(seqs),
+            _int4s(c_batch),
+            _int8s(c_item),
+            _texts([None if outcome is None else outcome.encode() for outcome in c_outcome]),
             self._channel,
         )
         try:
@@ -255,7 +258,7 @@ class Writer:
                 made.pop().close()
             if not made:
                 try:
-                    made.append(self._connect())
+                    made.append(_packing(self._connect()))
                 except psycopg.Error as exc:
                     raise _Unconnected(exc) from None
             rows = _execute(made[0], parameters)
@@ -330,6 +333,109 @@ def _groups(writes: list[Write]) -> list[int]:
         sessions.add(write.session_id)
         groups.append(group)
     return groups
+
+
+# A round's arrays, in PostgreSQL's binary format, packed here by struct: psycopg's dumper
+# of a list (in Python, an element at a time, after a scan for the type to send) took 0.4
+# to 0.7 ms of the 0.5 to 1 ms this thread spent on a round of 100 appends, holding the GIL
+# the event loop needs; packed, the round takes 0.25 ms. Each is a bytes subclass that
+# `_packing` has the connection send as it is.
+_HEADER = struct.Struct(">iiiii")  # dimensions, has nulls, element type, length, lower bound
+_LENGTH = struct.Struct(">i").pack
+_NULL = _LENGTH(-1)
+_INT4, _INT8, _FLOAT8, _TEXT = 23, 20, 701, 25
+
+
+class _Packed(bytes):
+    """A parameter already in PostgreSQL's binary format."""
+
+    __slots__ = ()
+    oid = 0
+
+
+class _Int4s(_Packed):
+    __slots__ = ()
+    oid = 1007
+
+
+class _Int8s(_Packed):
+    __slots__ = ()
+    oid = 1016
+
+
+class _Float8s(_Packed):
+    __slots__ = ()
+    oid = 1022
+
+
+class _Texts(_Packed):
+    __slots__ = ()
+    oid = 1009
+
+
+class _Text(_Packed):
+    """UTF-8 text, sent as it is (the binary format of text)."""
+
+    __slots__ = ()
+    oid = _TEXT
+
+
+def _fixed(element: int, code: str, size: int, values: Sequence[float]) -> bytes:
+    """A one-dimensional array of fixed-size elements: each its length, then itself."""
+    pairs: list[float] = [size, 0] * len(values)
+    pairs[1::2] = values
+    header = _HEADER.pack(1, 0, element, len(values), 1)
+    return header + struct.pack(f">{('i' + code) * len(values)}", *pairs)
+
+
+def _int4s(values: Sequence[int]) -> _Int4s:
+    return _Int4s(_fixed(_INT4, "i", 4, values))
+
+
+def _int8s(values: Sequence[int]) -> _Int8s:
+    return _Int8s(_fixed(_INT8, "q", 8, values))
+
+
+def _float8s(values: Sequence[float]) -> _Float8s:
+    return _Float8s(_fixed(_FLOAT8, "d", 8, values))
+
+
+def _texts(values: Sequence[bytes | None]) -> _Texts:
+    """An array of text, from UTF-8 (None: NULL)."""
+    header = _HEADER.pack(1, int(None in values), _TEXT, len(values), 1)
+    return _Texts(
+        header
+        + b"".join([_NULL if value is None else _LENGTH(len(value)) + value for value in values])
+    )
+
+
+@functools.lru_cache(maxsize=1024)
+def _type_element(type_: str) -> bytes:
+    """An event type as an element of a text array (the few types recur in every round)."""
+    encoded = type_.encode()
+    return _LENGTH(len(encoded)) + encoded
+
+
+class _PackedDumper(Dumper):
+    """Sends a `_Packed` parameter as it is, as its class's type."""
+
+    format = Format.BINARY
+
+    def __init__(self, cls: type, context: Any = None) -> None:
+        super().__init__(cls, context)
+        assert issubclass(cls, _Packed)
+        self.oid = cls.oid
+
+    def dump(self, obj: Any) -> bytes:
+        assert isinstance(obj, _Packed)
+        return obj
+
+
+def _packing(connection: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
+    """The connection, made to send `_Packed` parameters as they are."""
+    for packed in (_Int4s, _Int8s, _Float8s, _Texts, _Text):
+        connection.adapters.register_dumper(packed, _PackedDumper)
+    return connection
 
 
 class _Unconnected(Exception):

@@ -54,8 +54,8 @@ class OpenAIChat:
     to each of connecting, sending, waiting for a pooled connection and reading.
     `headers` are sent with every request.
 
-    Every OpenAIChat of a process shares a few pooled `httpx.AsyncClient`s (per event loop;
-    close them with `aclose_shared_client()`), up to about 100 connections in all, unless
+    Every OpenAIChat of a process shares 25 pooled `httpx.AsyncClient`s (per event loop;
+    close them with `aclose_shared_client()`), 4 connections each, 100 in all, unless
     `client` is given, which the caller then owns. The response JSON is returned
     verbatim. Failures raise ChatError: transient for HTTP 408, 429 (with `retry_after`
     from Retry-After) and 5xx and for timeouts and lost connections; permanent for other

@@ -14,9 +14,13 @@ streaming each reply as `STREAM_TOKENS` chunks (`data: {...}` SSE, one every
 `STREAM_INTERVAL` s), each chunk's text the time it was sent (`time.monotonic()`, one
 clock for every process on Linux); the service is `turnkeeper serve --base-url` on it, a
 second process (OpenAIChat with retries, as deployed). Each of `STREAM_SESSIONS` clients
-(httpx, a client each, as separate orchestrators would be) opens its session's event
-stream, then posts messages one after another; each delta it reads is timed against the
-time in its text. Run `python bench/service.py --streaming` for this part alone.
+(an httpx client each, as separate orchestrators would be, in a third process) opens its
+session's event stream, then posts messages one after another; each delta it reads is
+timed against the time in its text. Two kinds of SSE client are measured in turn, each
+on sessions of its own: httpx's `stream` read with `aiter_lines`, and a lean one (h11 on
+a socket of its own, the frames parsed as the SSE spec says), which costs the clients'
+process less CPU on the same 2 cores. Run `python bench/service.py --streaming` for
+this part alone.
 Figures, not assertions. Run: `python bench/service.py`.
 """
 
@@ -30,12 +34,15 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import anyio
 import anyio.abc
+import h11
 import httpx
 
 from turnkeeper.providers import text_response
@@ -50,6 +57,7 @@ STREAM_INTERVAL = 0.03
 STREAM_SECONDS = 10.0
 STREAM_WARM_UP = 1.0
 STREAM_TARGET_MS = 20.0
+STREAM_CLIENTS = ("httpx", "h11")
 
 
 async def scripted(request: dict[str, Any]) -> dict[str, Any]:
@@ -185,6 +193,12 @@ def main() -> None:
 # -- streamed replies ------------------------------------------------------------------------
 
 
+# One TLS context for every client, as in any process with many clients: each takes tens
+# of ms of CPU to make (the CA certificates), which 100 clients starting at once would
+# spend in the run's first seconds.
+_TLS = httpx.create_ssl_context()
+
+
 def _sse_chunk(data: str) -> bytes:
     """`data: ...` as one SSE event in one HTTP chunk."""
     event = f"data: {data}\n\n".encode()
@@ -242,40 +256,137 @@ def run_stand_in() -> None:
     anyio.run(main, backend="trio")
 
 
+class _SseStream:
+    """The lean client's stream: a GET over HTTP/1.1 on a connection of its own (h11, the
+    HTTP parser under httpx, on an anyio socket, without httpx's layers), its body parsed
+    into events as the SSE spec says: lines ending in LF, CRLF or CR, `data` lines joined
+    by newlines, comments and other fields skipped, an event with no data not dispatched.
+    It works against any HTTP/1.1 server (chunked or not)."""
+
+    def __init__(self, stream: anyio.abc.ByteStream) -> None:
+        self._stream = stream
+        self._connection = h11.Connection(h11.CLIENT)
+
+    @classmethod
+    @asynccontextmanager
+    async def open(
+        cls, url: str, path: str, headers: dict[str, str]
+    ) -> AsyncIterator[AsyncIterator[tuple[str, str]]]:
+        """Send the GET, read the response's head (a 200 or an error), and give its
+        events, each as (event name, data)."""
+        base = httpx.URL(url)
+        async with await anyio.connect_tcp(base.host, base.port or 80) as stream:
+            sse = cls(stream)
+            request = h11.Request(
+                method="GET",
+                target=path,
+                headers=[("Host", base.netloc.decode()), *headers.items()],
+            )
+            sent = sse._connection.send(request) or b""
+            await stream.send(sent + (sse._connection.send(h11.EndOfMessage()) or b""))
+            head = await sse._next()
+            if not isinstance(head, h11.Response) or head.status_code != 200:
+                raise RuntimeError(f"GET {path}: {head!r}")
+            yield sse._events()
+
+    async def _next(self) -> object:
+        """The next h11 event of the response (reading as it needs)."""
+        while (event := self._connection.next_event()) is h11.NEED_DATA:
+            try:
+                self._connection.receive_data(await self._stream.receive())
+            except anyio.EndOfStream:
+                self._connection.receive_data(b"")
+        return event
+
+    async def _events(self) -> AsyncIterator[tuple[str, str]]:
+        buffer = b""  # a line not yet ended
+        after_cr = False  # the last read ended in CR: the next may begin with its LF
+        name, data = "", list[str]()
+        while isinstance(body := await self._next(), h11.Data):
+            chunk = bytes(body.data)
+            if after_cr and chunk.startswith(b"\n"):
+                chunk = chunk[1:]
+            if not chunk:
+                continue
+            after_cr = chunk.endswith(b"\r")
+            lines = (buffer + chunk).splitlines()
+            buffer = b"" if chunk.endswith((b"\n", b"\r")) else lines.pop()
+            for line in lines:
+                if not line:
+                    if data:
+                        yield name or "message", "\n".join(data)
+                    name, data = "", []
+                elif not line.startswith(b":"):
+                    field, _, value = line.decode().partition(":")
+                    value = value.removeprefix(" ")
+                    if field == "event":
+                        name = value
+                    elif field == "data":
+                        data.append(value)
+
+
+async def _httpx_events(lines: AsyncIterator[str]) -> AsyncIterator[tuple[str, str]]:
+    """The httpx client's events, each as (event name, data), from the body's lines."""
+    name, data = "", list[str]()
+    async for line in lines:
+        if not line:
+            if data:
+                yield name or "message", "\n".join(data)
+            name, data = "", []
+        elif not line.startswith(":"):
+            field, _, value = line.partition(":")
+            value = value.removeprefix(" ")
+            if field == "event":
+                name = value
+            elif field == "data":
+                data.append(value)
+
+
+@asynccontextmanager
+async def _event_stream(
+    kind: str, client: httpx.AsyncClient, url: str, path: str
+) -> AsyncIterator[AsyncIterator[tuple[str, str]]]:
+    """The session's event stream, open (its response's head read), by the `kind` of
+    client: httpx's `stream` with `aiter_lines`, or the lean `_SseStream`."""
+    headers = {"Last-Event-ID": "1", "Accept": "text/event-stream"}
+    if kind == "httpx":
+        async with client.stream("GET", path, headers=headers) as response:
+            response.raise_for_status()
+            yield _httpx_events(response.aiter_lines())
+    else:
+        headers["Authorization"] = f"Bearer {TOKEN}"
+        async with _SseStream.open(url, path, headers) as events:
+            yield events
+
+
 async def _streaming_client(
-    url: str, seconds: list[float], started: float, deadline: float
+    kind: str, url: str, seconds: list[float], started: float, deadline: float
 ) -> None:
     """One session, a client of its own: its stream open, messages one after another
     until `deadline`, each delta's latency (after the warm-up) added to `seconds`."""
     async with httpx.AsyncClient(
-        base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=120
+        base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=120, verify=_TLS
     ) as client:
         created = await client.post("/v1/sessions", json={"spec": {"system_prompt": "Stream."}})
         created.raise_for_status()
         path = f"/v1/sessions/{created.json()['session_id']}"
-        async with client.stream(
-            "GET", path + "/events/stream", headers={"Last-Event-ID": "1"}
-        ) as response:
-            lines = response.aiter_lines()
+        async with _event_stream(kind, client, url, path + "/events/stream") as events:
             n = 0
             while time.perf_counter() < deadline:
                 n += 1
                 posted = await client.post(path + "/messages", json={"text": f"more {n}"})
                 posted.raise_for_status()
-                event = None
-                async for line in lines:
-                    if line.startswith("event: "):
-                        event = line[7:]
-                    elif line.startswith("data: ") and event == "delta":
+                async for name, data in events:
+                    if name == "delta":
                         now = time.monotonic()
-                        sent = float(json.loads(line[6:])["text"])
+                        sent = float(json.loads(data)["text"])
                         if time.perf_counter() - started > STREAM_WARM_UP:
                             seconds.append(now - sent)
-                    elif line.startswith("data: ") and event == "local.model_response":
+                    elif name == "local.model_response":
                         break
 
 
-async def measure_streaming(url: str) -> tuple[float, list[float]]:
+async def measure_streaming(kind: str, url: str) -> tuple[float, list[float]]:
     """Every session's client at once, for `STREAM_SECONDS`: the seconds measured after
     the warm-up, and each delta's latency."""
     seconds: list[float] = []
@@ -283,7 +394,7 @@ async def measure_streaming(url: str) -> tuple[float, list[float]]:
     deadline = started + STREAM_SECONDS
     async with anyio.create_task_group() as group:
         for _ in range(STREAM_SESSIONS):
-            group.start_soon(_streaming_client, url, seconds, started, deadline)
+            group.start_soon(_streaming_client, kind, url, seconds, started, deadline)
     return time.perf_counter() - started - STREAM_WARM_UP, seconds
 
 
@@ -291,6 +402,17 @@ def _cpu_seconds(pid: int) -> float:
     """The user and system CPU time process `pid` has used (Linux's /proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _contention() -> str:
+    """The load average, and the share of time some task waited for a CPU (Linux's
+    pressure stall information), where the kernel gives it."""
+    load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
+    try:
+        some = Path("/proc/pressure/cpu").read_text().split()[1].removeprefix("avg10=")
+    except (OSError, IndexError):
+        return load
+    return f"{load}; {some}%"
 
 
 def stream_main(folder: str) -> None:
@@ -313,30 +435,33 @@ def stream_main(folder: str) -> None:
         assert server.stdout is not None
         # "turnkeeper serving on http://HOST:PORT/v1 (log: ...)"
         url = server.stdout.readline().split()[3].removesuffix("/v1")
-        load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
         print()
         print(
             f"streamed replies: {STREAM_SESSIONS} sessions, each reply {STREAM_TOKENS} tokens "
             f"{STREAM_INTERVAL * 1e3:g} ms apart, from a stand-in model server (a process of "
-            "its own) through OpenAIChat and the service to httpx SSE clients"
+            "its own) through OpenAIChat and the service to SSE clients (a process of their "
+            "own), each client kind in turn, on new sessions"
         )
-        print(f"load average {load} (the three processes share the CPUs)")
-        before = [_cpu_seconds(stand_in.pid), _cpu_seconds(server.pid), time.process_time()]
-        elapsed, seconds = anyio.run(measure_streaming, url, backend="trio")
-        after = [_cpu_seconds(stand_in.pid), _cpu_seconds(server.pid), time.process_time()]
-        p50 = statistics.median(seconds) * 1e3
-        p99 = percentile(seconds, 0.99) * 1e3
         print(
-            f"token leaves the model server -> SSE client has it: {len(seconds)} deltas "
-            f"({len(seconds) / elapsed:.0f}/s), p50 {p50:.1f} ms, p99 {p99:.1f} ms "
-            f"(target: p99 under {STREAM_TARGET_MS:g} ms)"
+            f"{'client':<6}  {'deltas/s':>8}  {'p50 ms':>6}  {'p99 ms':>6}  "
+            "CPU s: stand-in  service  clients  | CPU us per delta: service  clients  | "
+            "load average, CPU pressure (some avg10)"
         )
-        used = [b - a for a, b in zip(before, after, strict=True)]
-        print(
-            "CPU seconds over the run: stand-in {:.2f}, service {:.2f}, clients {:.2f}".format(
-                *used
+        for kind in STREAM_CLIENTS:
+            contention = _contention()
+            before = [_cpu_seconds(stand_in.pid), _cpu_seconds(server.pid), time.process_time()]
+            elapsed, seconds = anyio.run(measure_streaming, kind, url, backend="trio")
+            after = [_cpu_seconds(stand_in.pid), _cpu_seconds(server.pid), time.process_time()]
+            used = [b - a for a, b in zip(before, after, strict=True)]
+            p50, p99 = statistics.median(seconds) * 1e3, percentile(seconds, 0.99) * 1e3
+            print(
+                f"{kind:<6}  {len(seconds) / elapsed:>8.0f}  {p50:>6.1f}  {p99:>6.1f}  "
+                f"{used[0]:>15.2f}  {used[1]:>7.2f}  {used[2]:>7.2f}  | "
+                f"{used[1] / len(seconds) * 1e6:>24.0f}  {used[2] / len(seconds) * 1e6:>7.0f}  | "
+                f"{contention}",
+                flush=True,
             )
-        )
+        print(f"target: p99 under {STREAM_TARGET_MS:g} ms")
     finally:
         for process in (server, stand_in):
             if process is not None:

@@ -18,7 +18,7 @@ from tests.sessions.test_compaction import Ledger, step
 from turnkeeper.events import Envelope
 from turnkeeper.logs import MemoryLog
 from turnkeeper.service import create_app
-from turnkeeper.service._sse import PING, event_stream
+from turnkeeper.service._sse import PING, follow_events
 from turnkeeper.sessions import Host
 from turnkeeper.state import replay
 
@@ -82,12 +82,13 @@ async def test_the_summary_is_an_event_of_the_session_like_any_other() -> None:
         # The event stream sends it as it sends every event.
         stopping = anyio.Event()
         frames: list[bytes] = []
-        async for frame in event_stream(
-            host, session_id, after=0, ping_seconds=0.01, stopping=stopping
-        ):
+
+        async def emit(frame: bytes) -> None:
             frames.append(frame)
             if frame == PING:
                 stopping.set()
+
+        await follow_events(host, session_id, emit, after=0, ping_seconds=0.01, stopping=stopping)
         streamed = [e for e in parse_sse(b"".join(frames).decode().split("\n")) if e.id]
         kinds = [e.event for e in streamed]
         assert kinds == [e["event"]["type"] for e in events]

@@ -11,7 +11,7 @@ import pytest
 from tests.service.server_main import LOOKUP_SPEC, chat, lookup
 from tests.service.sse import parse_sse
 from turnkeeper.events import Envelope, MessageReceived
-from turnkeeper.service._sse import PING, event_stream, sse_event
+from turnkeeper.service._sse import PING, follow_events, sse_event
 from turnkeeper.sessions import Host
 
 
@@ -36,11 +36,15 @@ async def test_the_stream_resumes_after_a_seq_then_pings_then_ends_on_stop(after
         assert info.seq == 11
         stopping = anyio.Event()
         frames: list[bytes] = []
-        stream = event_stream(host, session_id, after=after, ping_seconds=0.01, stopping=stopping)
-        async for frame in stream:
+
+        async def emit(frame: bytes) -> None:
             frames.append(frame)
             if frame == PING:
                 stopping.set()
+
+        await follow_events(
+            host, session_id, emit, after=after, ping_seconds=0.01, stopping=stopping
+        )
         events = list(parse_sse(b"".join(frames).decode().split("\n")))
         assert [e.id for e in events[:-1]] == [str(n) for n in range(after + 1, info.seq + 1)]
         assert events[-1].comment == "ping"
@@ -55,12 +59,13 @@ async def test_the_stream_sends_events_as_they_are_logged() -> None:
         stopping = anyio.Event()
         seqs: list[str] = []
 
+        async def emit(frame: bytes) -> None:
+            (event,) = parse_sse(frame.decode().split("\n"))
+            assert event.id is not None
+            seqs.append(event.id)
+
         async def follow() -> None:
-            stream = event_stream(host, session_id, after=0, ping_seconds=60, stopping=stopping)
-            async for frame in stream:
-                (event,) = parse_sse(frame.decode().split("\n"))
-                assert event.id is not None
-                seqs.append(event.id)
+            await follow_events(host, session_id, emit, after=0, ping_seconds=60, stopping=stopping)
 
         async with anyio.create_task_group() as group:
             group.start_soon(follow)

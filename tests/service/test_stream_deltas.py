@@ -131,3 +131,25 @@ async def test_a_cut_stream_is_retried_and_the_client_sees_the_text_start_over(
     assert before[-1].event == "local.chat_retry"  # logged with the reply, after its deltas
     assert isinstance(response.event, ModelResponded)
     assert response.event.message["content"] == ANSWER
+
+
+async def test_deltas_that_come_at_once_reach_the_client_whole_and_in_order(
+    tmp_path: Path,
+) -> None:
+    # A character a chunk, sent back to back: the stream's frames queue faster than they
+    # are written, and those waiting go out joined into one write.
+    reply = completion(ANSWER * 4, id="chatcmpl-m", created=5)
+    async with serve_chat(Streamed(reply, size=1)) as model:
+        with served(model, tmp_path) as server:
+            session_id, before, response = await anyio.to_thread.run_sync(
+                watch_a_reply, server, "Hi"
+            )
+            with server.client() as client:
+                # Resumed after the user's message: the reply again, and no delta.
+                first = first_of(client, session_id, response.seq - 1)
+    deltas = deltas_in(before)
+    assert [d.index for d in deltas] == list(range(len(ANSWER * 4)))
+    assert "".join(d.text for d in deltas) == ANSWER * 4
+    assert isinstance(response.event, ModelResponded)
+    assert response.event.message["content"] == ANSWER * 4
+    assert (first.event, first.id) == ("local.model_response", str(response.seq))

@@ -15,7 +15,7 @@ from turnkeeper.service._http import DEFAULT_PAGE, int_param, json_response, par
 from turnkeeper.service._limits import Limits
 from turnkeeper.service._longpoll import EventSource, client_gone, events_or_stop
 from turnkeeper.service._schemas import EventPage
-from turnkeeper.service._sse import EventStreamResponse, Watch, logged_events
+from turnkeeper.service._sse import EventStreamResponse, Watch, follow_events
 
 
 async def events_response(
@@ -57,8 +57,13 @@ async def stream_response(
         after = parse_int("Last-Event-ID", last.strip(), 0, LARGEST_SEQ)
     await exists(session_id)
     return EventStreamResponse(
-        logged_events(
-            source, session_id, after=after, ping_seconds=ping_seconds, stopping=stopping
+        partial(
+            follow_events,
+            source,
+            session_id,
+            after=after,
+            ping_seconds=ping_seconds,
+            stopping=stopping,
         ),
         session_id,
         watch=watch,

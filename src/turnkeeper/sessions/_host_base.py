@@ -374,14 +374,15 @@ class HostBase:
 
     def _runs_here(self, session: _Session, state: SessionState, use: ToolUse) -> bool:
         """Whether the host answers this call itself (by a handler, an MCP server, or as a
-        bad call)."""
-        if session.refusal(state, use) is not None:
+        bad call). Asked in that order: a call its handler takes needs no other check,
+        and whether it is a bad call is the dearest to tell."""
+        if self._handler is not None and (
+            self._tool_names is None or use.name in self._tool_names
+        ):
             return True
         if session.mcp is not None and session.mcp.serves(use.name):
             return True
-        if self._handler is None:
-            return False
-        return self._tool_names is None or use.name in self._tool_names
+        return session.refusal(state, use) is not None
 
     def _outstanding(self, session: _Session) -> list[ToolUse]:
         """Pending calls without a result that the host will not answer itself."""

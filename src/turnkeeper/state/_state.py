@@ -1167,7 +1167,7 @@ def fold(state: SessionState, events: Iterable[Envelope]) -> SessionState:
                     trip.last_response = event.response
                     trip.phase = _CALLED
                     continue
-            if trip.call(event):
+            if calls and trip.call(event):
                 continue
         elif kind is ToolResultsReceived:
             # One result, given by position, of the one pending call, whose

@@ -1056,8 +1056,8 @@ class _Trip:
 
 
 _IN_ORDER = tuple(tuple(range(count)) for count in range(8))
-_ONE = _IN_ORDER[1]
 """`logged` of a `local.tool_results` event giving each of its `count` results by position."""
+_ONE = _IN_ORDER[1]
 _decode_json = msgspec.json.Decoder().decode
 _canonical = msgspec.json.Encoder(order="sorted").encode
 # What decoding a call's arguments, or encoding them canonically, may raise.
@@ -1114,10 +1114,10 @@ def fold(state: SessionState, events: Iterable[Envelope]) -> SessionState:
     event's rule and at the end: a round trip copies neither the state nor its history.
     The commonest (a reply making one plain call, and its one result) it applies here in
     the loop, without a call; others go to the trip's `call` and `close`. Every other
-    event goes through its rule. Rules only ever add messages at
-    the end of the history, so a rule gets a state holding none of it, and the messages
-    it adds join the fold's list: the history is made once, at the end. A compaction,
-    which replaces older messages, gets the whole history and gives the fold a new list.
+    event goes through its rule. Rules only ever add messages at the end of the history,
+    so a rule gets a state holding none of it, and the messages it adds join the fold's
+    list: the history is made once, at the end. A compaction, which replaces older
+    messages, gets the whole history and gives the fold a new list.
     """
     session_id = state.session_id
     seq = state.seq

@@ -27,6 +27,8 @@ from turnkeeper.core import (
 )
 from turnkeeper.events import (
     AnyEvent,
+    ApprovalDecided,
+    ApprovalRequested,
     Cancelled,
     ChatFailed,
     ChatRetried,
@@ -49,6 +51,7 @@ from turnkeeper.events import (
 )
 from turnkeeper.sessions import open_session, opened_event
 from turnkeeper.state._replay import replay
+from turnkeeper.state._results import results_received
 from turnkeeper.state._state import SessionState, apply_event, fold, initial_state
 
 SPEC = AgentSpec(
@@ -779,36 +782,71 @@ other_event = st.one_of(
         TEXTS,
     ),
     st.builds(CompactionFailed, error=TEXTS, estimated=st.just(9), budget=st.just(5)),
+    st.builds(ApprovalRequested, tool_call_ids=st.lists(IDS, min_size=1, max_size=2).map(tuple)),
+    st.builds(ApprovalDecided, tool_call_id=IDS, approved=st.booleans()),
 )
 
 
 @st.composite
 def round_trip(draw: st.DrawFn) -> list[AnyEvent]:
-    """A response calling tools, some of their results one by one, then all of them; now
-    and then with two calls of one id, another event on the way, a wrong set of results,
-    or none."""
+    """A response calling tools, some of their results one by one, then all of them (each
+    that a result before holds given by position, as a session logs them, or each whole,
+    as an older log holds them); now and then with two calls of one id, another event on
+    the way, a wrong set of results, positions that give no result, or none."""
     rare = st.integers(0, 5).map(lambda number: number == 0)
     ids = draw(st.lists(IDS, min_size=1, max_size=3, unique=not draw(rare)))
     calls = [(call_id, draw(TOOLS), draw(ARGUMENTS)) for call_id in ids]
     events: list[AnyEvent] = [responded(*(call(*made) for made in calls), unreadable=draw(rare))]
     answers = [(call_id, draw(TEXTS), draw(rare)) for call_id in ids]
+    returned: list[ToolResult] = []
     for call_id, text, is_error in draw(st.permutations(answers)):
         if draw(st.booleans()):
             events.append(ToolCalled(tool_call_id=call_id, name="search", input={}))
         if draw(st.booleans()):
             events.append(ToolReturned(tool_call_id=call_id, text=text, is_error=is_error))
+            returned.append(ToolResult(call_id, text, is_error))
     if draw(rare):
         events.append(draw(other_event))
     answered = draw(st.permutations(answers))
     if draw(st.integers(0, 19)) == 0:
         answered = draw(st.lists(st.tuples(IDS, TEXTS, st.booleans()), max_size=3))
     if not draw(rare):
-        events.append(results(*answered))
+        given = results(*answered)
+        if draw(st.booleans()):
+            given = results_received(returned, given.results)
+        if draw(st.integers(0, 19)) == 0:
+            logged = draw(st.lists(st.integers(0, 3), max_size=2).map(tuple))
+            given = ToolResultsReceived(results=given.results, logged=logged)
+        events.append(given)
+    return events
+
+
+@st.composite
+def logged_trip(draw: st.DrawFn) -> list[AnyEvent]:
+    """A response making one call, its call and result logged, then the results giving it
+    by position: a round trip as a session logs most of them (the fold's commonest). Now
+    and then the result is logged twice (the last counts) or not at all, or the position
+    is of another call's result (a damaged log)."""
+    rare = st.integers(0, 5).map(lambda number: number == 0)
+    call_id, is_error = draw(IDS), draw(st.booleans())
+    events: list[AnyEvent] = [responded(call(call_id, draw(TOOLS), draw(ARGUMENTS)))]
+    if draw(st.booleans()):
+        events.append(ToolCalled(tool_call_id=call_id, name="search", input={}))
+    texts = draw(st.lists(TEXTS, min_size=0 if draw(rare) else 1, max_size=2 if draw(rare) else 1))
+    for text in texts:
+        events.append(ToolReturned(tool_call_id=call_id, text=text, is_error=is_error))
+    given = ToolResult(draw(IDS) if draw(rare) else call_id, "", is_error)
+    events.append(ToolResultsReceived(results=(given,), logged=(0,)))
     return events
 
 
 session_events = st.lists(
-    st.one_of(round_trip(), round_trip(), st.lists(other_event, min_size=1, max_size=2)),
+    st.one_of(
+        round_trip(),
+        round_trip(),
+        logged_trip(),
+        st.lists(other_event, min_size=1, max_size=2),
+    ),
     max_size=12,
 ).map(lambda parts: [event for part in parts for event in part])
 configs = st.sampled_from(
@@ -835,6 +873,35 @@ def test_a_call_or_result_logged_after_its_results_is_folded_as_applied() -> Non
     assert folded_state == one_by_one(state, envelopes)
     assert folded_state.called == frozenset()
     assert folded_state.returned == ()
+
+
+def given_by_position(call_id: str, is_error: bool = False) -> ToolResultsReceived:
+    """The results of one call as a session logs them: given by position."""
+    return ToolResultsReceived(results=(ToolResult(call_id, "", is_error),), logged=(0,))
+
+
+@pytest.mark.parametrize(
+    "between",
+    [
+        # A result logged for the reply before, which had no results: not this call's.
+        [ToolReturned(tool_call_id="a", text="old")],
+        # A directive while the call is pending: it follows the call's answer.
+        [DirectiveInjected(guard="loop", text="Stop."), ToolReturned(tool_call_id="b", text="ok")],
+    ],
+)
+def test_a_result_given_by_position_is_folded_as_applied(between: list[AnyEvent]) -> None:
+    state = open_session(SPEC, session_id="s1")
+    events: list[AnyEvent] = [
+        opened_event(state),
+        MessageReceived(text="go"),
+        responded(call("a", "fetch")),
+        *between[:1],
+        responded(call("b", "fetch", {"q": 1})),
+        *between[1:],
+        given_by_position("b"),
+    ]
+    envelopes = [Envelope("s1", seq, 1000.0 + seq, event) for seq, event in enumerate(events, 1)]
+    assert folded(state, envelopes) == one_by_one(state, envelopes)
 
 
 def one_by_one(state: SessionState, envelopes: list[Envelope]) -> SessionState | str:

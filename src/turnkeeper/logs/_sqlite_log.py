@@ -9,7 +9,6 @@ import sqlite3
 import threading
 from collections.abc import Callable
 from functools import partial
-from operator import attrgetter
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -50,8 +49,6 @@ _RECORDED = """SELECT (SELECT max(seq) FROM events WHERE session_id = ?1),
 _PAGE = 4096
 _integers = msgspec.json.Decoder(list[int])
 _texts = msgspec.json.Decoder(list[str])
-_session_of = attrgetter("session_id")
-_seq_of = attrgetter("seq")
 
 
 def _aggregated(rows: str) -> str:
@@ -491,11 +488,12 @@ def _decoded(path: Path, page: _Page) -> list[Envelope]:
     except LogCorrupt:
         rows = zip(page.session_ids, page.seqs, page.bodies, strict=True)
         envelopes = [_decode_row(path, *row) for row in rows]
-    # Compared a column at a time; a page that differs is walked to name its row.
-    if (
-        list(map(_session_of, envelopes)) != page.session_ids
-        or list(map(_seq_of, envelopes)) != page.seqs
-    ):
+    # Compared a column at a time; a page that differs is walked to name its row. (Read
+    # in comprehensions, whose attribute reads Python specialises: an attrgetter mapped
+    # over the envelopes takes half as long again.)
+    if [envelope.session_id for envelope in envelopes] != page.session_ids or [
+        envelope.seq for envelope in envelopes
+    ] != page.seqs:
         raise _first_mismatch(path, page, envelopes)
     return envelopes
 

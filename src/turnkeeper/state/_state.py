@@ -826,6 +826,13 @@ _RULES: dict[type, _Rule] = {
 """How each kind of event changes a state; the others change only its seq."""
 
 
+_Phase = tuple[Status, bool, str | None]
+_CALLED: _Phase = ("requires_action", False, "tool_use")
+"""A trip's status, in_poll and stop_reason once it applied a response calling tools."""
+_RUNNING: _Phase = ("running", True, None)
+"""The same once it applied their results: the session runs its next poll."""
+
+
 class _Trip:
     """The fields of a state that tool round trips change, taken out of it in a form a fold
     can change in place, and put back into it; the messages they add go to `history`, the
@@ -835,7 +842,9 @@ class _Trip:
     kept as their events until `put` needs them, the last response kept until `put` reads
     its unreadable flag (only the last one's counts), and whether `close` may apply a
     tool's results found once per tool: the state that decides it stays as it is for the
-    trip."""
+    trip. The calls seen stay the state's own set until a call adds to them (a rule's trip
+    most often adds none), and status, in_poll and stop_reason are the state's until a
+    response or results set all three (`phase`)."""
 
     __slots__ = (
         "called",
@@ -843,31 +852,29 @@ class _Trip:
         "completion_tokens",
         "cost",
         "history",
-        "in_poll",
         "last_failure",
         "last_response",
-        "moved",
         "pending",
         "pending_ids",
+        "phase",
         "polls",
         "prompt_tokens",
         "reply_calls",
         "returned",
         "seen",
         "state",
-        "status",
-        "stop_reason",
     )
 
     def __init__(self, state: SessionState, history: list[Message]) -> None:
         self.state = state
         self.history = history
         self.polls = state.polls
-        self.seen = set(state.seen)
-        self.pending = state.pending
+        self.seen: frozenset[str] | set[str] = state.seen
+        pending = state.pending
+        self.pending = pending
         # The ids of the pending calls, for the `local.tool_call` and `local.tool_result`
         # events a fold applies in place (a tuple: most replies make one call).
-        self.pending_ids: tuple[str, ...] | frozenset[str] = tuple(use.id for use in state.pending)
+        self.pending_ids = tuple([use.id for use in pending]) if pending else ()
         self.called = set(state.called)
         self.reply_calls = state.reply_calls
         self.prompt_tokens = 0
@@ -875,35 +882,33 @@ class _Trip:
         self.cost: Decimal | None = None
         self.last_response: msgspec.Raw | None = None
         self.last_failure = state.last_failure
-        self.status = state.status
-        self.in_poll = state.in_poll
-        self.stop_reason = state.stop_reason
+        # Set once a response or results were applied (`call`, `close`).
+        self.phase: _Phase | None = None
         self.returned: list[ToolResult | ToolReturned] = list(state.returned)
         self.closable: set[str] = set()
-        # Whether a response or results were applied (`call`, `close`).
-        self.moved = False
 
     def put(self, seq: int, history: tuple[Message, ...] = ()) -> SessionState:
         """The state at `seq` with the round trips applied, holding `history` (a rule's
         state holds none: what the rule adds is then all its state holds)."""
         state = self.state
-        if not self.moved and (len(self.called), len(self.returned)) == (
-            len(state.called),
-            len(state.returned),
-        ):
-            # Nothing applied (calls are only ever added to `called` and results to
-            # `returned`, until a response or results clear them).
-            return _replace(state, seq=seq, history=history)
+        phase = self.phase
+        if phase is None:
+            if len(self.called) == len(state.called) and len(self.returned) == len(state.returned):
+                # Nothing applied (calls are only ever added to `called` and results to
+                # `returned`, until a response or results clear them).
+                return _replace(state, seq=seq, history=history)
+            phase = (state.status, state.in_poll, state.stop_reason)
         prompt = self.prompt_tokens
         completion = self.completion_tokens
         usage = state.usage
         episode = state.episode_usage
+        seen = self.seen
         return _replace(
             state,
             seq=seq,
             history=history,
             polls=self.polls,
-            seen=_frozen(self.seen),
+            seen=_frozen(seen) if type(seen) is set else seen,
             pending=self.pending,
             called=_frozen(self.called),
             reply_calls=self.reply_calls,
@@ -923,9 +928,9 @@ class _Trip:
             # A reply the trip applied called tools, so it is not flawed.
             last_flawed=state.last_flawed and self.last_response is None,
             last_failure=self.last_failure,
-            status=self.status,
-            in_poll=self.in_poll,
-            stop_reason=self.stop_reason,
+            status=phase[0],
+            in_poll=phase[1],
+            stop_reason=phase[2],
             returned=tuple(
                 ToolResult(result.tool_call_id, result.text, result.is_error)
                 if type(result) is ToolReturned
@@ -946,20 +951,16 @@ class _Trip:
         if self.state.approvals:
             # A reply after approvals were asked for: the rule clears them.
             return False
-        # Most replies make one plain call: it needs no list of calls or of keys.
-        plain = _plain_call(calls[0]) if type(calls) is list and len(calls) == 1 else None
-        if plain is not None:
-            use, key = plain
-            self.seen.add(key)
-            uses: tuple[ToolUse, ...] = (use,)
-        else:
-            try:
-                # Each message once: nothing to gain from remembering it.
-                uses = decode_tool_uses(message)
-            except TypeError:
-                return False
-            self.seen.update([call_key(use.name, use.input) for use in uses])
-        self.pending_ids = tuple([use.id for use in uses]) if plain is None else (use.id,)
+        try:
+            # Each message once: nothing to gain from remembering it.
+            uses = decode_tool_uses(message)
+        except TypeError:
+            return False
+        seen = self.seen
+        if type(seen) is not set:
+            seen = self.seen = set(seen)
+        seen.update([call_key(use.name, use.input) for use in uses])
+        self.pending_ids = tuple([use.id for use in uses])
         self.history.append(message)
         self.polls += 1
         self.pending = self.reply_calls = uses
@@ -971,10 +972,7 @@ class _Trip:
         if usage.cost is not None:
             self.cost = add_costs(self.cost, usage.cost)
         self.last_response = event.response
-        self.moved = True
-        self.status = "requires_action"
-        self.in_poll = False
-        self.stop_reason = "tool_use"
+        self.phase = _CALLED
         return True
 
     def close(self, event: ToolResultsReceived) -> bool:
@@ -986,8 +984,6 @@ class _Trip:
         count = len(pending)
         if len(event.results) != count or self.state.deferred:
             return False
-        if count == 1 and self._close_one(event, pending[0]):
-            return True
         answers = self._answers(event, count)
         if answers is None:
             return False
@@ -996,10 +992,8 @@ class _Trip:
             use = pending[index]
             if call_id != use.id or is_error:
                 return False
-            if use.name not in closable:
-                if not self._may_close(use.name):
-                    return False
-                closable.add(use.name)
+            if use.name not in closable and not self.may_close(use.name):
+                return False
         if count > 1 and len({use.id for use in pending}) < count:
             # Two calls of one id: the rule says what is wrong.
             return False
@@ -1012,48 +1006,15 @@ class _Trip:
         self.returned.clear()
         if answers:
             self.last_failure = None
-        self._run_on()
+        self.run_on()
         return True
 
-    def _close_one(self, event: ToolResultsReceived, use: ToolUse) -> bool:
-        """`close` of the one pending call `use` (`event` holding one result), when its
-        result is given by position and its `local.tool_result` was the only one: False,
-        and nothing changed, otherwise (`close` then sees to it)."""
-        returned = self.returned
-        if len(returned) != 1 or event.logged != _IN_ORDER[1]:
-            return False
-        answer = returned[0]
-        call_id = use.id
-        if (
-            type(answer) is not ToolReturned
-            or answer.tool_call_id != call_id
-            or event.results[0].tool_use_id != call_id
-            or answer.is_error
-        ):
-            return False
-        name = use.name
-        if name not in self.closable:
-            if not self._may_close(name):
-                return False
-            self.closable.add(name)
-        answers = self.state.answers
-        if answers and call_key(name, use.input) in answers:
-            return False
-        self.history.append(tool_message(call_id, answer.text))
-        returned.clear()
-        self.last_failure = None
-        self._run_on()
-        return True
-
-    def _run_on(self) -> None:
+    def run_on(self) -> None:
         """Leave the calls answered: nothing pending, the session running its next poll."""
         self.pending = ()
         # A call or result logged for one of them from now on belongs to no pending call.
         self.pending_ids = ()
-        self.moved = True
-        self.status = "running"
-        self.in_poll = True
-        self.stop_reason = None
+        self.phase = _RUNNING
 
     def _answers(
         self, event: ToolResultsReceived, count: int
@@ -1083,15 +1044,20 @@ class _Trip:
             return None
         return [(result.tool_use_id, result.text, result.is_error) for result in whole]
 
-    def _may_close(self, name: str) -> bool:
-        """Whether `close` may apply a result of tool `name`: its error count stays as it
-        is and loop detection need not remember its answers."""
+    def may_close(self, name: str) -> bool:
+        """Whether a result of tool `name` may be applied in place: its error count stays
+        as it is and loop detection need not remember its answers (remembered in
+        `closable` for the trip once it may)."""
         state = self.state
-        return name not in state.error_counts and not _can_run_again(state, name)
+        if name in state.error_counts or _can_run_again(state, name):
+            return False
+        self.closable.add(name)
+        return True
 
 
 _IN_ORDER = tuple(tuple(range(count)) for count in range(8))
 """`logged` of a `local.tool_results` event giving each of its `count` results by position."""
+_ONE = _IN_ORDER[1]
 _decode_json = msgspec.json.Decoder().decode
 _canonical = msgspec.json.Encoder(order="sorted").encode
 # What decoding a call's arguments, or encoding them canonically, may raise.
@@ -1144,12 +1110,14 @@ def fold(state: SessionState, events: Iterable[Envelope]) -> SessionState:
 
     Most events of most sessions are tool round trips: a model response calling tools,
     each call's result, then the results together. The fold applies those to a `_Trip`
-    when nothing else is going on (see its methods), putting it back into the state only
-    for another event's rule and at the end: a round trip copies neither the state nor
-    its history. Every other event goes through its rule. Rules only ever add messages at
-    the end of the history, so a rule gets a state holding none of it, and the messages
-    it adds join the fold's list: the history is made once, at the end. A compaction,
-    which replaces older messages, gets the whole history and gives the fold a new list.
+    when nothing else is going on, putting it back into the state only for another
+    event's rule and at the end: a round trip copies neither the state nor its history.
+    The commonest (a reply making one plain call, and its one result) it applies here in
+    the loop, without a call; others go to the trip's `call` and `close`. Every other
+    event goes through its rule. Rules only ever add messages at the end of the history,
+    so a rule gets a state holding none of it, and the messages it adds join the fold's
+    list: the history is made once, at the end. A compaction, which replaces older
+    messages, gets the whole history and gives the fold a new list.
     """
     session_id = state.session_id
     seq = state.seq
@@ -1160,28 +1128,90 @@ def fold(state: SessionState, events: Iterable[Envelope]) -> SessionState:
         seq += 1
         if envelope.seq != seq or envelope.session_id != session_id:
             raise _out_of_order(session_id, seq, envelope)
-        event = envelope.event
-        if type(event) is ToolCalled:
+        # Told apart by its type, looked up once: mypy does not narrow by `kind`.
+        event: Any = envelope.event
+        kind = type(event)
+        if kind is ToolCalled:
             # As `_apply_called` does.
             if event.tool_call_id in trip.pending_ids:
                 trip.called.add(event.tool_call_id)
             continue
-        if type(event) is ToolReturned:
+        if kind is ToolReturned:
             # As `_apply_returned` does.
             if event.tool_call_id in trip.pending_ids:
                 trip.returned.append(event)
             continue
-        if (type(event) is ModelResponded and trip.call(event)) or (
-            type(event) is ToolResultsReceived and trip.close(event)
-        ):
-            continue
-        if type(event) is Compacted:
+        if kind is ModelResponded:
+            message = event.message
+            calls = message.get("tool_calls")
+            if type(calls) is list and len(calls) == 1 and not trip.state.approvals:
+                # One call, applied as `call` applies it when it is plain.
+                plain = _plain_call(calls[0])
+                if plain is not None:
+                    use, key = plain
+                    seen = trip.seen
+                    if type(seen) is not set:
+                        seen = trip.seen = set(seen)
+                    seen.add(key)
+                    trip.pending = trip.reply_calls = (use,)
+                    trip.pending_ids = (use.id,)
+                    history.append(message)
+                    trip.polls += 1
+                    if trip.called:
+                        trip.called.clear()
+                    usage = event.usage
+                    trip.prompt_tokens += usage.prompt_tokens
+                    trip.completion_tokens += usage.completion_tokens
+                    if usage.cost is not None:
+                        trip.cost = add_costs(trip.cost, usage.cost)
+                    trip.last_response = event.response
+                    trip.phase = _CALLED
+                    continue
+            if calls and trip.call(event):
+                continue
+        elif kind is ToolResultsReceived:
+            # One result, given by position, of the one pending call, whose
+            # `local.tool_result` came alone: applied as `close` applies it when there is
+            # nothing else to do (no error, no answers to compare, no deferred directive).
+            pending = trip.pending
+            returned = trip.returned
+            if (
+                len(pending) == 1
+                and len(returned) == 1
+                and len(event.results) == 1
+                and event.logged == _ONE
+                and not trip.state.deferred
+            ):
+                use = pending[0]
+                answer = returned[0]
+                call_id = use.id
+                if (
+                    type(answer) is ToolReturned
+                    and answer.tool_call_id == call_id
+                    and event.results[0].tool_use_id == call_id
+                    and not answer.is_error
+                    and not trip.state.answers
+                    and (use.name in trip.closable or trip.may_close(use.name))
+                ):
+                    # As `tool_message` makes it.
+                    history.append(
+                        {"role": "tool", "tool_call_id": call_id, "content": answer.text}
+                    )
+                    returned.clear()
+                    trip.last_failure = None
+                    # As `run_on` does.
+                    trip.pending = trip.pending_ids = ()
+                    trip.phase = _RUNNING
+                    continue
+            if trip.close(event):
+                continue
+        elif kind is Compacted:
             # The one rule that changes messages already in the history: it gets them all.
             changed = _apply_compacted(trip.put(seq - 1, tuple(history)), event, envelope)
             history = list(changed.history)
             trip = _Trip(changed, history)
             continue
-        rule = rules.get(type(event))
+        rule = rules.get(kind)
         if rule is not None:
             changed = rule(trip.put(seq - 1), event, envelope)
             history += changed.history

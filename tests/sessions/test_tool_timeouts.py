@@ -92,7 +92,9 @@ async def test_a_tools_timeout_applies_with_none_for_the_run() -> None:
 @pytest.mark.parametrize("timeout", [0, -1, float("inf"), "1", True])
 async def test_a_timeout_that_is_no_number_of_seconds_is_refused(timeout: Any) -> None:
     spec = AgentSpec(tools=(ToolSpec("t", timeout=timeout),))
-    with pytest.raises(InputError, match=r"spec.tools\[0\].timeout: expected None or a finite"):
+    with pytest.raises(
+        InputError, match=r"spec.tools\[0\].timeout: expected None or a number of seconds"
+    ):
         await run(spec, "go", ScriptedChat([]))
     async with Host(chat=ScriptedChat([])) as host:
         with pytest.raises(InputError, match=r"spec.tools\[0\].timeout"):

@@ -104,7 +104,7 @@ class Budget(msgspec.Struct, frozen=True):
 class CostBudget(msgspec.Struct, frozen=True):
     """Limits on what the model calls cost, by the spec's `pricing` (a session without one
     is never stopped by it): `max_cost` per episode, `max_session_cost` over the session's
-    life (finite numbers > 0, in the pricing's currency), compared exactly with the logged
+    life (numbers over 0 to 1e15, in the pricing's currency), compared exactly with the logged
     costs.
     With `answer` (the default), a spent budget still allows one last call with tools
     withdrawn, asked to answer from the episode's tool results, when it has any."""

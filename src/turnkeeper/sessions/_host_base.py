@@ -376,9 +376,7 @@ class HostBase:
         """Whether the host answers this call itself (by a handler, an MCP server, or as a
         bad call). Asked in that order: a call its handler takes needs no other check,
         and whether it is a bad call is the dearest to tell."""
-        if self._handler is not None and (
-            self._tool_names is None or use.name in self._tool_names
-        ):
+        if self._handler is not None and (self._tool_names is None or use.name in self._tool_names):
             return True
         if session.mcp is not None and session.mcp.serves(use.name):
             return True

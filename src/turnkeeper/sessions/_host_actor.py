@@ -234,11 +234,13 @@ class HostActor(HostBase):
                 session.has_slot = False
                 assert self._model_slots is not None
                 self._model_slots.give_back()
-            if session.expired is not None and not self._stopping and session.cancelling is None:
-                # Its model call outlived the step timeout: the task runs it on at once, in
-                # a new scope, to log the outcome (`_serve`). It keeps its task and span.
-                pass
-            else:
+            # A model call that outlived the step timeout: the task runs the session on
+            # at once, in a new scope, to log the call's outcome (`_serve`); it keeps its
+            # task and its span meanwhile.
+            runs_on = (
+                session.expired is not None and not self._stopping and session.cancelling is None
+            )
+            if not runs_on:
                 session.expired = None
                 # Waiting for a slot, the request goes on: its span stays open.
                 if not session.waiting_slot:

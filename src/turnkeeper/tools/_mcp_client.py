@@ -3,7 +3,6 @@ official `mcp` SDK. Imported only when a spec names MCP servers."""
 
 from __future__ import annotations
 
-import atexit
 import functools
 import io
 import math
@@ -145,11 +144,8 @@ def _errlog() -> TextIO:
 
 @functools.cache
 def _devnull() -> TextIO:
-    """One null stream for every server, opened once: servers hold their errlog for life.
-    Closed at exit: left to the collector then, it is reported as a file left open."""
-    null = open(os.devnull, "w")
-    atexit.register(null.close)
-    return null
+    """One null stream for every server, opened once: servers hold their errlog for life."""
+    return open(os.devnull, "w")
 
 
 def _expand(values: dict[str, str], field: str) -> dict[str, str]:

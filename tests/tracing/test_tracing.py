@@ -382,6 +382,30 @@ async def test_a_failed_model_call_is_recorded_on_its_span_and_the_request(
 
 
 @pytest.mark.anyio
+async def test_a_host_s_model_call_past_the_step_timeout_is_an_error_on_its_span(
+    spans: InMemorySpanExporter,
+) -> None:
+    # The Host's step watch cuts the call short by cancelling the session's task: the
+    # call's span still ends with the timeout's ChatError, as `run()`'s does.
+    async def never_returns(request: dict[str, Any]) -> dict[str, Any]:
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    async with Host(chat=never_returns, step_timeout=0.05) as host:
+        session_id = await host.start(HOST_SPEC, "hello")
+        info = await settle(host, session_id, timeout=30)
+    assert info.status == "errored"
+    calls = by_operation(spans.get_finished_spans(), "chat")
+    assert calls
+    for call in calls:
+        assert call.status.status_code == StatusCode.ERROR
+        assert call.status.description == "ChatError: the model took longer than 0.05 s"
+        assert attrs(call)["error.type"] == "ChatError"
+        [exception] = [event for event in call.events if event.name == "exception"]
+        assert str(attrs_of(exception)["exception.type"]).endswith("ChatError")
+
+
+@pytest.mark.anyio
 async def test_mcp_tool_calls_are_extension_tools_and_failures_are_recorded(
     spans: InMemorySpanExporter,
 ) -> None:

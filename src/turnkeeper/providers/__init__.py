@@ -20,6 +20,7 @@ from turnkeeper.providers._scripted import (
 from turnkeeper.providers._shaping import (
     TokenCounter,
     approx_tokens,
+    step_timeout_error,
     with_prompt_fitting,
     with_step_timeout,
     with_tool_ranking,
@@ -52,6 +53,7 @@ __all__ = [
     "parse_tool_calls",
     "rank_tools",
     "report_event",
+    "step_timeout_error",
     "streaming_to",
     "text_response",
     "tool_response",

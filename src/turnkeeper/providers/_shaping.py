@@ -133,9 +133,14 @@ def with_step_timeout(chat: Chat, seconds: float) -> Chat:
     async def timed(request: dict[str, Any]) -> dict[str, Any]:
         with anyio.move_on_after(seconds):
             return await chat(request)
-        raise ChatError(f"the model took longer than {seconds:g} s", transient=True)
+        raise step_timeout_error(seconds)
 
     return wraps_chat(timed, chat)
+
+
+def step_timeout_error(seconds: float) -> ChatError:
+    """The transient ChatError of a model call that took longer than `seconds`."""
+    return ChatError(f"the model took longer than {seconds:g} s", transient=True)
 
 
 def _ranked(

@@ -10,7 +10,7 @@ import anyio
 import anyio.abc
 import msgspec
 
-from turnkeeper.core import ChatError, ToolResult, ToolUse, TurnkeeperError
+from turnkeeper.core import ToolResult, ToolUse, TurnkeeperError
 from turnkeeper.events import (
     AnyEvent,
     Envelope,
@@ -22,13 +22,14 @@ from turnkeeper.events import (
     ToolMayHaveRun,
     ToolReturned,
 )
-from turnkeeper.providers import DeltaSink
+from turnkeeper.providers import DeltaSink, step_timeout_error
 from turnkeeper.sessions._driver import Called, answer, call_model, compacted, plan_compaction
 from turnkeeper.sessions._host_base import HostBase, _log
 from turnkeeper.sessions._host_records import _IdleTask, _Session, _take_up
 from turnkeeper.sessions._inputs import Input, Resume, UserMessage
 from turnkeeper.sessions._poll import begin_poll, build_request, emit
 from turnkeeper.sessions._run import RUNNER
+from turnkeeper.sessions._step_timeout import WATCHED_CALL
 from turnkeeper.sessions._tool_runner import ToolRunner
 from turnkeeper.sessions._typed import decoded
 from turnkeeper.state import SessionState, awaiting_approval
@@ -486,18 +487,19 @@ class HostActor(HostBase):
             self._call_added = None
         reported: list[AnyEvent] = []
         called: Called | None = None
+        watched = WATCHED_CALL.set(session)
         try:
             called = await call_model(self.chat, request, sink, reported)
         finally:
+            WATCHED_CALL.reset(watched)
             if calls.pop(session, None) is None:
+                # The call's outcome: the timeout's ChatError (`watched_chat` turned the
+                # cancellation into it) or the reply that came in the same moment; the
+                # error made here only if the cancellation met no call to turn.
                 session.expired = (
                     called
                     if called is not None
-                    else Called(
-                        None,
-                        ChatError(f"the model took longer than {timeout:g} s", transient=True),
-                        reported,
-                    )
+                    else Called(None, step_timeout_error(timeout), reported)
                 )
         if session.expired is None:
             return called

@@ -50,7 +50,12 @@ from turnkeeper.sessions._host_records import (
 )
 from turnkeeper.sessions._poll import emit
 from turnkeeper.sessions._slots import Slots
-from turnkeeper.sessions._step_timeout import STEP_TIMEOUT, check_step_timeout, timed_chat
+from turnkeeper.sessions._step_timeout import (
+    STEP_TIMEOUT,
+    check_step_timeout,
+    timed_chat,
+    watched_chat,
+)
 from turnkeeper.sessions._typed import decoded
 from turnkeeper.state import SessionState, awaiting_approval
 from turnkeeper.tools import MAX_TOOL_RESULT_CHARS, McpPool, Tools, as_handler
@@ -131,13 +136,15 @@ class HostBase:
         check_count("Host: max_tool_result_chars", max_tool_result_chars, 1)
         self.step_timeout = step_timeout
         self.max_tool_result_chars = max_tool_result_chars
-        # The poll's model calls are bounded by the host's own step watch (`_call`), the
-        # summary calls of a compaction, rare, by a wrapper.
-        self.chat = traced_chat(chat)
-        self._timed_chat = traced_chat(timed_chat(chat, step_timeout))
         # The poll's model calls in flight with their deadlines, oldest first, and the
         # watch over them: its event to wake it once it has none, its scope.
         self._in_calls: dict[_Session, float] = {}
+        # The poll's model calls are bounded by the host's own step watch (`_call`), the
+        # summary calls of a compaction, rare, by a wrapper.
+        self.chat = traced_chat(
+            chat if step_timeout is None else watched_chat(chat, step_timeout, self._in_calls)
+        )
+        self._timed_chat = traced_chat(timed_chat(chat, step_timeout))
         self._call_added: anyio.Event | None = None
         self._step_watch: anyio.CancelScope | None = None
         # A MemoryLog the host makes is never closed: closing it releases nothing, and a

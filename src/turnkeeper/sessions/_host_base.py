@@ -139,14 +139,14 @@ class HostBase:
         # The poll's model calls in flight with their deadlines, oldest first, and the
         # watch over them: its event to wake it once it has none, its scope.
         self._in_calls: dict[_Session, float] = {}
+        self._call_added: anyio.Event | None = None
+        self._step_watch: anyio.CancelScope | None = None
         # The poll's model calls are bounded by the host's own step watch (`_call`), the
         # summary calls of a compaction, rare, by a wrapper.
         self.chat = traced_chat(
             chat if step_timeout is None else watched_chat(chat, step_timeout, self._in_calls)
         )
         self._timed_chat = traced_chat(timed_chat(chat, step_timeout))
-        self._call_added: anyio.Event | None = None
-        self._step_watch: anyio.CancelScope | None = None
         # A MemoryLog the host makes is never closed: closing it releases nothing, and a
         # closed one would refuse the reads that go on working after a stop.
         self.log = log if log is not None else MemoryLog()

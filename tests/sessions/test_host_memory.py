@@ -225,6 +225,52 @@ async def test_dropped_sessions_answer_every_call_as_if_they_had_stayed(
         assert len(host._sessions) <= 3
 
 
+def packed(host: Host, session_id: str) -> bool:
+    """Whether the host holds the session's state packed (see `_Session.rest`)."""
+    record = host._sessions[session_id]
+    return record.packed is not None and record._state is None
+
+
+@pytest.mark.parametrize("log_kind", ["memory", "sqlite"])
+async def test_sessions_at_rest_are_held_packed_and_answer_every_call_as_before(
+    log_kind: str, tmp_path: Path
+) -> None:
+    log = MemoryLog() if log_kind == "memory" else SqliteLog(tmp_path / "log.sqlite")
+    kinds: list[Kind] = ["hello", "ask", "fail"]
+    async with log, Host(chat=Model(), log=log, max_resting=None) as host:
+        before: dict[str, SessionInfo] = {}
+        for n in range(6):
+            session_id = f"s{n}"
+            before[session_id] = await run_to_rest(host, session_id, kinds[n % 3])
+        assert all(packed(host, session_id) for session_id in before)
+
+        # Counting statuses and listing sessions unpack nothing.
+        assert await host.statuses() == {"idle": 2, "requires_action": 2, "errored": 2}
+        assert all(packed(host, session_id) for session_id in before)
+        for session_id, info in before.items():
+            assert await host.status(session_id) == info
+            assert await host.result(session_id, wait=1) == info
+            events = await host.events(session_id)
+            assert check_log(events) == host._sessions[session_id].state
+            # Read, then let go again once no call uses it: packed as it was, not again.
+            kept = host._sessions[session_id].packed
+            await host.status(session_id)
+            assert packed(host, session_id)
+            assert host._sessions[session_id].packed is kept
+
+        await host.send("s0", "hello again")
+        again = await settle(host, "s0")
+        assert (again.status, again.text) == ("idle", "re: hello again")
+        ask = before["s1"].pending[0]
+        await host.submit_tool_results("s1", [ToolResult(ask.id, "yes")])
+        assert (await settle(host, "s1")).text == "ask s1: told yes"
+        await host.retry("s2")
+        assert (await settle(host, "s2")).text == "re: fail s2"
+        for session_id in before:
+            assert packed(host, session_id)
+            assert check_log(await log.read(session_id)) == host._sessions[session_id].state
+
+
 async def test_a_long_poll_keeps_its_session_while_others_are_dropped() -> None:
     async with Host(chat=Model(), max_resting=1) as host:
         first = await run_to_rest(host, "a", "hello")

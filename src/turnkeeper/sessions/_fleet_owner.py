@@ -201,7 +201,7 @@ class FleetOwner(Host):
         return epoch is not None and self._fresh.get(session_id) == epoch and self.shared.lease_held
 
     def _tail_trusted(self, session: _Session) -> bool:
-        return self._trusted(session.state.session_id)
+        return self._trusted(session.session_id)
 
     async def _own(self, session_id: str) -> bool:
         """Whether this worker owns the session, claiming it if no live worker does, with
@@ -317,7 +317,7 @@ class FleetOwner(Host):
 
     def _set_aside(self, session: _Session, exc: BaseException) -> None:
         """Forget the record of a session still owned, for the scan to take it up again."""
-        session_id = session.state.session_id
+        session_id = session.session_id
         _log.warning("fleet.set_aside", session_id=session_id, error=str(exc))
         self._fresh.pop(session_id, None)
         if self._sessions.get(session_id) is session:
@@ -338,7 +338,7 @@ class FleetOwner(Host):
 
     async def _catch_up(self, session: _Session) -> None:
         """Fold into a record of a session owned elsewhere what the log holds past it."""
-        events = await self.log.read(session.state.session_id, after=session.state.seq)
+        events = await self.log.read(session.session_id, after=session.state.seq)
         if events:
             session.state = fold(session.state, events)
             session.logged = _logged(events[-1])
@@ -353,7 +353,7 @@ class FleetOwner(Host):
             raise LogError(f"FleetHost: {self.log!r} only reads: a host must write its log")
 
     def _spawn(self, session: _Session) -> None:
-        session_id = session.state.session_id
+        session_id = session.session_id
         if (
             not self._owned(session_id)
             or session_id in self._adopting
@@ -380,7 +380,7 @@ class FleetOwner(Host):
         except BaseException as exc:
             lost = _fence_lost(exc)
             if lost is not None:
-                session_id = session.state.session_id
+                session_id = session.session_id
                 self._lose(session_id, lost)
                 if self._owned(session_id):
                     # Claimed again meanwhile (`_leased`): the next scan takes it up.
@@ -406,7 +406,7 @@ class FleetOwner(Host):
         is still this worker's (FenceLost if not: another may have taken it meanwhile)."""
         if _lease_held(self.shared):
             return
-        session_id = session.state.session_id
+        session_id = session.session_id
         held = self.shared.epoch(session_id)
         _log.warning("fleet.lease_in_doubt", session_id=session_id, worker=self.shared.worker_id)
         # The lease is a time on a clock the heartbeat moves: nothing to wait on but it.

@@ -414,7 +414,7 @@ class Host(HostActor, HostRecovery, HostResting, HostApprovals, HostForks, HostD
             # It failed, or the poll that began it gave up: read for ourselves.
         shared = reads[after] = _SharedRead(changed)
         try:
-            shared.found = await self.log.read(session.state.session_id, after=after)
+            shared.found = await self.log.read(session.session_id, after=after)
         finally:
             if reads.get(after) is shared:
                 del reads[after]

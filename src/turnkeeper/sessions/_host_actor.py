@@ -148,7 +148,7 @@ class HostActor(HostBase):
         """Give a model-call slot to a session waiting for one: its task starts, and makes
         its call. False if it has no task to make it (stopping, cancelled, forgotten)."""
         session.waiting_slot = False
-        if self._sessions.get(session.state.session_id) is not session:
+        if self._sessions.get(session.session_id) is not session:
             return False
         session.has_slot = True
         self._spawn(session)
@@ -179,7 +179,7 @@ class HostActor(HostBase):
 
     async def _supervise(self, session: _Session) -> None:
         """Run the session's actor; restart it from the log when it crashes."""
-        session_id = session.state.session_id
+        session_id = session.session_id
         try:
             while True:
                 try:
@@ -260,9 +260,7 @@ class HostActor(HostBase):
                 session.state = msgspec.structs.replace(
                     session.state, status="failed", in_poll=False, stop_reason="failed"
                 )
-                _log.error(
-                    "session.unloggable", session_id=session.state.session_id, error=str(exc)
-                )
+                _log.error("session.unloggable", session_id=session.session_id, error=str(exc))
 
     async def _act(self, session: _Session) -> None:
         """Advance the session until it needs something from outside, then end: a session
@@ -461,7 +459,7 @@ class HostActor(HostBase):
             self._count("model_calls")
             sink = None
             if self._delta_watchers:
-                sink = self._delta_sink(session.state.session_id, session.state.seq)
+                sink = self._delta_sink(session.session_id, session.state.seq)
             called = await self._call(session, build_request(session.state), sink)
         finally:
             if slots is not None:

@@ -241,7 +241,7 @@ class HostBase:
         if events:
             try:
                 await self._append(
-                    session.state.session_id,
+                    session.session_id,
                     events,
                     expected_seq=session.state.seq,
                     task_of=session if own else None,
@@ -272,7 +272,7 @@ class HostBase:
         session goes on from there instead of failing every later append's seq check."""
         with anyio.CancelScope(shield=True):
             try:
-                rebuilt = await self._read(session.state.session_id)
+                rebuilt = await self._read(session.session_id)
             except (TurnkeeperError, OSError):
                 return
         if _take_up(session, rebuilt):
@@ -324,7 +324,7 @@ class HostBase:
             if _std_log.isEnabledFor(logging.INFO):
                 _log.info(
                     "session.transition",
-                    session_id=session.state.session_id,
+                    session_id=session.session_id,
                     status=status,
                     previous=session.status,
                     seq=session.state.seq,
@@ -336,7 +336,7 @@ class HostBase:
             session.rested.set()
             session.rested = None
         if status == "running":
-            self._resting.pop(session.state.session_id, None)
+            self._resting.pop(session.session_id, None)
         elif not session.users:
             self._unused(session)
 
@@ -391,7 +391,7 @@ class HostBase:
 
     def _outstanding(self, session: _Session) -> list[ToolUse]:
         """Pending calls without a result that the host will not answer itself."""
-        state = session.state
+        state = session.bare
         if state.approvals and awaiting_approval(state):
             return []  # None waits for a result before the calls are approved.
         returned = {result.tool_use_id for result in state.returned}
@@ -402,7 +402,7 @@ class HostBase:
         ]
 
     def _status(self, session: _Session) -> HostStatus:
-        state = session.state
+        state = session.bare
         if state.status in ("failed", "cancelled"):
             return state.status
         if session.errored:

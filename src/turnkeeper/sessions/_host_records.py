@@ -11,7 +11,7 @@ import msgspec
 from turnkeeper.core import ToolUse, TurnkeeperError, Usage
 from turnkeeper.events import ChatFailed, Envelope, Failed
 from turnkeeper.sessions._driver import Called
-from turnkeeper.state import SessionState, denial
+from turnkeeper.state import PackedState, SessionState, denial, pack_state, unpack_state
 from turnkeeper.tools import McpTools, check_call
 from turnkeeper.tracing import AgentSpan
 
@@ -129,10 +129,52 @@ class SessionLock:
 
 
 class _Session:
-    """The host's record of one session; the mailbox outlives the session's task."""
+    """The host's record of one session; the mailbox outlives the session's task.
+
+    At rest its state is packed (`rest`), and unpacked by the next read of `state`."""
+
+    # Slots: past 30 attributes an instance's dict stops sharing its keys with the others
+    # (CPython), and a record would take 1.5 KB more.
+    __slots__ = (
+        "_state",
+        "announced",
+        "appending",
+        "backing_off",
+        "cancelling",
+        "changed",
+        "checked",
+        "contexts",
+        "crashes",
+        "done",
+        "ending",
+        "error",
+        "errored",
+        "expired",
+        "has_slot",
+        "lock",
+        "logged",
+        "mcp",
+        "opening",
+        "packed",
+        "reads",
+        "rested",
+        "running",
+        "scope",
+        "session_id",
+        "span",
+        "status",
+        "tail",
+        "users",
+        "waiting_slot",
+        "woken",
+    )
 
     def __init__(self, state: SessionState, logged: tuple[bool, str | None]) -> None:
-        self.state = state
+        # The state, or while the session rests, the state packed; both while a state
+        # unpacked is only read (assigning `state` drops the packed one).
+        self._state: SessionState | None = state
+        self.packed: PackedState | None = None
+        self.session_id = state.session_id
         # The errored flag and error that the log's last event gives (see `_logged`), or
         # None when the state may differ from what the log rebuilds (an append raised).
         self.logged: tuple[bool, str | None] | None = logged
@@ -188,6 +230,40 @@ class _Session:
         self.crashes: list[float] = []
         self.cancelling: str | None = None
         self.status: HostStatus | None = None
+
+    @property
+    def state(self) -> SessionState:
+        """The session's state (unpacked on the first read after a rest)."""
+        state = self._state
+        if state is None:
+            assert self.packed is not None, "a record holds its state or its packed state"
+            state = self._state = unpack_state(self.packed)
+        return state
+
+    @state.setter
+    def state(self, state: SessionState) -> None:
+        self._state = state
+        self.packed = None
+
+    @property
+    def bare(self) -> SessionState:
+        """The state, to read any field but its history, `seen` and `texts`: while packed,
+        the packed state's `rest` (those three emptied), so that nothing is unpacked."""
+        state = self._state
+        if state is not None:
+            return state
+        assert self.packed is not None, "a record holds its state or its packed state"
+        return self.packed.rest
+
+    def rest(self) -> None:
+        """Pack the state of a session at rest (unless it does not pack exactly), and drop
+        the refusal cache (checked again on next use). A state only read since the last
+        rest is packed already: it is let go."""
+        self.checked = None
+        if self._state is not None and self.packed is None:
+            self.packed = pack_state(self._state)
+        if self.packed is not None:
+            self._state = None
 
     async def task_ended(self) -> None:
         """Return once the session has no task (at once if it has none)."""

@@ -17,16 +17,20 @@ class HostResting(HostBase):
 
     def _unused(self, session: _Session) -> None:
         """Make a session that no API call uses the most recently used of those at rest, if
-        it is at rest with no task, and drop the least recently used beyond `max_resting`.
+        it is at rest with no task, its state packed, and drop the least recently used
+        beyond `max_resting`.
         A session passed over (see `_droppable`) leaves them until it is at rest and unused
         again (its task ends, its last use ends): O(1) amortised, each one checked once."""
-        limit = self.max_resting
-        if limit is None or self._stopping or session.running or session.status == "running":
+        if self._stopping or session.running or session.status == "running":
             return
-        session_id = session.state.session_id
+        session_id = session.session_id
         if self._sessions.get(session_id) is not session:
             # Not the host's record: one read back while `start` logged the session, which
             # `start` then replaced with its own. Not the host's to drop.
+            return
+        session.rest()
+        limit = self.max_resting
+        if limit is None:
             return
         resting = self._resting
         resting[session_id] = session
@@ -59,8 +63,7 @@ class HostResting(HostBase):
         `restart_window` are kept apart (`_drop`)."""
         if session.running or session.users or session.mcp is not None:
             return None
-        state = session.state
-        if state.session_id in self._loading:
+        if session.session_id in self._loading:
             return None
         status = self._status(session)
         logged = session.logged

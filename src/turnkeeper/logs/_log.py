@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import Literal, Self
+from typing import ClassVar, Literal, Self
 
 import anyio
 import msgspec
@@ -27,7 +27,9 @@ class SeqConflict(LogError):
 
 
 class Batch(msgspec.Struct, frozen=True):
-    """A checked append: one session's events numbered on from `expected_seq`, and their JSON."""
+    """A checked append: one session's events numbered on from `expected_seq`, and their JSON.
+    The events are as they will read back, or for a store that keeps only the JSON, as
+    given (see `check_batch`)."""
 
     session_id: str
     expected_seq: int
@@ -39,8 +41,11 @@ class Batch(msgspec.Struct, frozen=True):
 LARGEST_SEQ = 2**63 - 1
 
 
-def check_batch(events: Sequence[Envelope], expected_seq: int) -> Batch:
-    """Validate an append and encode it; the batch holds the events as they will read back.
+def check_batch(events: Sequence[Envelope], expected_seq: int, *, read_back: bool = True) -> Batch:
+    """Validate an append and encode it; the batch holds the events as they will read back,
+    or with `read_back` false, as given: a store that keeps only the JSON, and reads only
+    each event's seq, time and type from the batch (the same either way), then holds no
+    second copy of the events while the append waits.
 
     Raises LogError for anything that is not a non-empty run of one session's envelopes
     numbered expected_seq + 1, + 2, ..., or that would not read back (a NaN time, say).
@@ -93,7 +98,8 @@ def check_batch(events: Sequence[Envelope], expected_seq: int) -> Batch:
                     f"session {session_id} seq {envelope.seq}: event would not read back: {exc}"
                 ) from None
         raise
-    return Batch(session_id, expected_seq, tuple(decoded), tuple(lines))
+    kept = tuple(decoded) if read_back else tuple(events)
+    return Batch(session_id, expected_seq, kept, tuple(lines))
 
 
 async def _yield() -> None:
@@ -131,6 +137,10 @@ class EventLog(ABC):
     once) and `close` (or leaving the `async with`) waits for appends in flight.
     """
 
+    # Whether the store keeps the decoded events of an append (a batch's `events` as they
+    # will read back) rather than only their JSON.
+    _keeps_events: ClassVar[bool] = True
+
     def __init__(self) -> None:
         self._state: Literal["new", "open", "closed"] = "new"
         self._open_lock = anyio.Lock()
@@ -162,7 +172,7 @@ class EventLog(ABC):
         LogError (SeqError for bad numbering) if the batch is not valid. If the append
         is cancelled, the events may or may not have been logged; `last_seq` tells.
         """
-        batch = check_batch(events, expected_seq)
+        batch = check_batch(events, expected_seq, read_back=self._keeps_events)
         if self._state != "open":
             await self._ready()
         await self._append(batch)

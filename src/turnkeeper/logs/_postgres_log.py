@@ -163,6 +163,8 @@ class PostgresLog(SharedLog):
     been logged, as when it is cancelled: `last_seq` tells) and the pool connects anew.
     """
 
+    # The writer takes each event's JSON, time and type, not the event read back.
+    _keeps_events = False
     _writer: Writer
     _pool: psycopg_pool.ConnectionPool[Connection]
     _waiters: Waiters
@@ -735,7 +737,7 @@ class PostgresLog(SharedLog):
         if outcome is not None and (not isinstance(outcome, str) or not encodes(outcome)):
             raise InputError(f"outcome: expected None or a UTF-8 string, got {outcome!r:.80}")
         if events:
-            batch = check_batch(events, expected_seq)
+            batch = check_batch(events, expected_seq, read_back=False)
             if batch.session_id != item.session_id:
                 raise LogError(
                     f"inbox item {item.id} is session {item.session_id}'s; its events must "

@@ -132,6 +132,8 @@ class SqliteLog(EventLog):
     does. `integrity_check` and `stored_chains` (for `turnkeeper check`) look further.
     """
 
+    # The writer takes each event's JSON, seq, time and type, not the event read back.
+    _keeps_events = False
     # The writer exists only in a log that writes (`_writing`).
     _writer: Writer
     _reader: sqlite3.Connection

@@ -14,6 +14,7 @@ import msgspec
 from turnkeeper.core import (
     AgentSpec,
     Chat,
+    ChatError,
     GuardConfig,
     InputError,
     Message,
@@ -131,6 +132,33 @@ class _Runner:
     async def emit(self, event: AnyEvent) -> None:
         envelope, self.state = emit(self.state, event, at=self.clock())
         await self.record((envelope,))
+
+    async def poll(
+        self, given: Input, chat: Chat, on_delta: DeltaCallback | None, guard: Guard
+    ) -> tuple[Sequence[Envelope], Sequence[Envelope], ChatError | None]:
+        """One poll on `given`: its input and guard events, then (unless a guard stopped
+        it) its model call's answer, each logged; and the call's failure, or None. A
+        method of its own, so that the call's request and response go with it: a run
+        parked in a tool call holds neither."""
+        # The poll's input and guard events are logged before its model call, as a Host
+        # logs them: a log cut short during the call (a timeout, a failure, Ctrl-C) still
+        # opens the session and holds the prompt.
+        begun, self.state, request = begin_poll(self.state, given, now=self.clock(), guard=guard)
+        await self.record(begun)
+        if request is None:
+            return begun, (), None
+        compaction, self.state = await compact(chat, self.state, clock=self.clock)
+        if compaction:
+            await self.record(compaction)
+            request = build_request(self.state)
+        sink = None
+        if on_delta is not None:
+            sink = DeltaSink(on_delta, self.state.session_id, self.state.seq)
+        called = await call_model(chat, request, sink)
+        answered = answer(called, self.state, guard=guard, clock=self.clock)
+        await self.record(answered.events)
+        self.state = answered.state
+        return begun, answered.events, answered.failure
 
 
 class _RunCalls:
@@ -291,36 +319,16 @@ async def run(
                         mcp=mcp_tools,
                     )
                     next_input = Resume(pending, tuple(results))
-                # The poll's input and guard events are logged before its model call, as a
-                # Host logs them: a log cut short during the call (a timeout, a failure,
-                # Ctrl-C) still opens the session and holds the prompt.
-                begun, runner.state, request = begin_poll(
-                    runner.state, next_input, now=clock(), guard=guard
-                )
-                await runner.record(begun)
-                events: Sequence[Envelope] = ()
-                if request is not None:
-                    compaction, runner.state = await compact(traced, runner.state, clock=clock)
-                    if compaction:
-                        await runner.record(compaction)
-                        request = build_request(runner.state)
-                    sink = None
-                    if on_delta is not None:
-                        sink = DeltaSink(on_delta, runner.state.session_id, runner.state.seq)
-                    called = await call_model(traced, request, sink)
-                    answered = answer(called, runner.state, guard=guard, clock=clock)
-                    await runner.record(answered.events)
-                    runner.state = answered.state
-                    if answered.failure is not None:
-                        lead = f"The model failed: {answered.failure.message}"
-                        message = with_last_result(runner.state, lead)
-                        await runner.emit(
-                            unanswered(runner.state)
-                            or Halted(guard=RUNNER, reason="chat_error", message=message)
-                        )
-                        turn = None
-                        break
-                    events = answered.events
+                begun, events, chat_failure = await runner.poll(next_input, traced, on_delta, guard)
+                if chat_failure is not None:
+                    lead = f"The model failed: {chat_failure.message}"
+                    message = with_last_result(runner.state, lead)
+                    await runner.emit(
+                        unanswered(runner.state)
+                        or Halted(guard=RUNNER, reason="chat_error", message=message)
+                    )
+                    turn = None
+                    break
                 turn = normalize((*begun, *events))
                 turns += sum(isinstance(envelope.event, ModelResponded) for envelope in events)
                 if turn.terminal != "requires_action":

@@ -737,7 +737,7 @@ class PostgresLog(SharedLog):
         if outcome is not None and (not isinstance(outcome, str) or not encodes(outcome)):
             raise InputError(f"outcome: expected None or a UTF-8 string, got {outcome!r:.80}")
         if events:
-            batch = check_batch(events, expected_seq, read_back=False)
+            batch = check_batch(events, expected_seq, read_back=self._keeps_events)
             if batch.session_id != item.session_id:
                 raise LogError(
                     f"inbox item {item.id} is session {item.session_id}'s; its events must "

@@ -19,7 +19,14 @@ _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(_Parts)
 # What msgspec raises on a value msgpack cannot hold (an int past 64 bits, a lone
 # surrogate, an object of another type) or on a tree nested past the stack.
-_UNPACKABLE = (msgspec.EncodeError, msgspec.DecodeError, TypeError, ValueError, OverflowError)
+_UNPACKABLE = (
+    msgspec.EncodeError,
+    msgspec.DecodeError,
+    TypeError,
+    ValueError,
+    OverflowError,
+    RecursionError,
+)
 
 
 class PackedState(msgspec.Struct, frozen=True, gc=False):
@@ -39,7 +46,7 @@ def pack_state(state: SessionState) -> PackedState | None:
     try:
         packed = _encoder.encode(parts)
         exact = _decoder.decode(packed) == parts
-    except (*_UNPACKABLE, RecursionError):
+    except _UNPACKABLE:
         return None
     if not exact:
         return None

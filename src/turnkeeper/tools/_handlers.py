@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from contextlib import nullcontext
 from typing import Any
 
 import anyio
@@ -117,10 +118,7 @@ def handled_as_error(exc: BaseException) -> bool:
     return anyio.current_effective_deadline() != -math.inf
 
 
-async def _call(handler: ToolHandler, use: ToolUse, ctx: ToolContext) -> Any:
-    value = handler(use.name, use.input, ctx)
-    return await value if inspect.isawaitable(value) else value
-
+_UNBOUNDED = nullcontext()
 
 MAX_TOOL_RESULT_CHARS = 100_000
 """The longest result text a handler's call gives the model by default (as long as the
@@ -154,16 +152,18 @@ async def run_tool(
     result's text can always be logged: lone surrogates in it become "?"; and it is at
     most `max_chars` long (see `cut_result`)."""
     value: Any = None
+    bound = None if timeout is None else anyio.move_on_after(timeout)
     try:
-        if timeout is None:
-            value = await _call(handler, use, ctx)
-        else:
-            with anyio.move_on_after(timeout) as scope:
-                value = await _call(handler, use, ctx)
-            if scope.cancelled_caught:
-                return ToolResult(
-                    use.id, loggable(f"{use.name} timed out after {timeout:g} s"), is_error=True
-                )
+        # The handler called here, not in a function of its own: a frame less for a
+        # session to hold while it waits.
+        with bound or _UNBOUNDED:
+            value = handler(use.name, use.input, ctx)
+            if inspect.isawaitable(value):
+                value = await value
+        if bound is not None and bound.cancelled_caught:
+            return ToolResult(
+                use.id, loggable(f"{use.name} timed out after {timeout:g} s"), is_error=True
+            )
     except BaseException as exc:
         if not handled_as_error(exc):
             raise

@@ -34,6 +34,7 @@ from turnkeeper.events import Envelope
 from turnkeeper.logs import Batch, MemoryLog, SqliteLog
 from turnkeeper.providers import text_response, tool_response
 from turnkeeper.sessions import Host, SessionInfo
+from turnkeeper.sessions import _host_actor as host_actor
 from turnkeeper.sessions._rebuild import runs_by_page
 
 pytestmark = pytest.mark.anyio
@@ -268,6 +269,75 @@ async def test_sessions_at_rest_are_held_packed_and_answer_every_call_as_before(
         assert (await settle(host, "s2")).text == "re: fail s2"
         for session_id in before:
             assert packed(host, session_id)
+            assert check_log(await log.read(session_id)) == host._sessions[session_id].state
+
+
+class SlowAsk:
+    """An `ask` handler that answers "yes" at once, or, to a question holding "slow", once
+    `gate` is set; `all_waiting` is set once `slow` calls wait for it."""
+
+    def __init__(self, slow: int) -> None:
+        self.gate = anyio.Event()
+        self.all_waiting = anyio.Event()
+        self.slow = slow
+
+    async def __call__(self, q: str) -> str:
+        if "slow" in q:
+            self.slow -= 1
+            if self.slow == 0:
+                self.all_waiting.set()
+            await self.gate.wait()
+        return "yes"
+
+
+async def packed_soon(host: Host, session_id: str) -> bool:
+    """Whether the host holds the session's state packed within 100 of its looks at the
+    sessions in their tool calls."""
+    for _ in range(100):
+        if packed(host, session_id):
+            return True
+        await anyio.sleep(host_actor.PACK_IN_TOOLS)
+    return False
+
+
+@pytest.mark.parametrize("log_kind", ["memory", "sqlite"])
+async def test_sessions_long_in_their_tool_calls_are_held_packed_and_go_on_as_before(
+    log_kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The host's looks at the sessions in their tool calls, closer together.
+    monkeypatch.setattr(host_actor, "PACK_IN_TOOLS", 0.05)
+    log = MemoryLog() if log_kind == "memory" else SqliteLog(tmp_path / "log.sqlite")
+    ask = SlowAsk(3)
+    async with log, Host(chat=Model(), log=log, tools={"ask": ask}) as host:
+        for session_id in ("s0", "s1", "s2"):
+            await host.start(SPEC, f"ask slow {session_id}", session_id=session_id)
+        with anyio.fail_after(10):
+            await ask.all_waiting.wait()
+        quick = await run_to_rest(host, "s3", "ask")
+        assert quick.text == "ask s3: told yes"
+        for session_id in ("s0", "s1", "s2"):
+            assert await packed_soon(host, session_id)
+            info = await host.status(session_id)
+            events = await host.events(session_id)
+            assert (info.status, info.seq, events[-1].type) == (
+                "running",
+                len(events),
+                "local.tool_call",
+            )
+            assert check_log(events) == host._sessions[session_id].state
+        # Each was read (and so unpacked) since: a later look lets the state go again.
+        kept = host._sessions["s0"].packed
+        assert not packed(host, "s0")
+        assert await packed_soon(host, "s0")
+        assert host._sessions["s0"].packed is kept
+
+        await host.send("s1", "hello later")
+        await host.cancel("s2")
+        ask.gate.set()
+        assert (await settle(host, "s0")).text == "ask slow s0: told yes"
+        assert (await settle(host, "s1")).text == "re: hello later"
+        assert (await settle(host, "s2")).status == "cancelled"
+        for session_id in ("s0", "s1", "s2", "s3"):
             assert check_log(await log.read(session_id)) == host._sessions[session_id].state
 
 

@@ -117,6 +117,8 @@ class Host(HostActor, HostRecovery, HostResting, HostApprovals, HostForks, HostD
                 # first runs ends it too. Calls made meanwhile wait in `_in_calls`.
                 self._step_watch = anyio.CancelScope()
                 self._group.start_soon(self._watch_steps, self._step_watch, name="step watch")
+            self._tools_watch = anyio.CancelScope()
+            self._group.start_soon(self._pack_in_tools, self._tools_watch, name="tools watch")
         except BaseException:
             await stack.aclose()
             raise
@@ -478,6 +480,8 @@ class Host(HostActor, HostRecovery, HostResting, HostApprovals, HostForks, HostD
                     self._end_task(session)
             if self._step_watch is not None:
                 self._step_watch.cancel()
+            if self._tools_watch is not None:
+                self._tools_watch.cancel()
 
 
 def _taken(session_id: str) -> InputError:

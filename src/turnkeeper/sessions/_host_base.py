@@ -56,6 +56,7 @@ from turnkeeper.sessions._step_timeout import (
     timed_chat,
     watched_chat,
 )
+from turnkeeper.sessions._tool_runner import ToolRunner
 from turnkeeper.sessions._typed import decoded
 from turnkeeper.state import SessionState, awaiting_approval
 from turnkeeper.tools import MAX_TOOL_RESULT_CHARS, McpPool, Tools, as_handler
@@ -141,6 +142,13 @@ class HostBase:
         self._in_calls: dict[_Session, float] = {}
         self._call_added: anyio.Event | None = None
         self._step_watch: anyio.CancelScope | None = None
+        # The sessions in their tool calls, each with the tick it entered them at, and the
+        # watch that packs those in them long (`_pack_in_tools`): its tick, its event to
+        # wake it once it has none, its scope.
+        self._in_tools: dict[_Session, int] = {}
+        self._tick = 0
+        self._tools_added: anyio.Event | None = None
+        self._tools_watch: anyio.CancelScope | None = None
         # The poll's model calls are bounded by the host's own step watch (`_call`), the
         # summary calls of a compaction, rare, by a wrapper.
         self.chat = traced_chat(
@@ -164,6 +172,12 @@ class HostBase:
         self.stop_grace = stop_grace
         self.tool_concurrency = tool_concurrency
         self.tool_timeout = tool_timeout
+        self._tool_runner = ToolRunner(
+            self._handler,
+            timeout=tool_timeout,
+            limit=tool_concurrency,
+            max_chars=max_tool_result_chars,
+        )
         self.max_model_calls = max_model_calls
         self._model_slots: Slots[_Session] | None = None
         self.clock = clock

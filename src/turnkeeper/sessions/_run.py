@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from contextlib import AsyncExitStack
+from contextlib import nullcontext
 from typing import Any
 
 import anyio
@@ -100,6 +100,9 @@ class RunResult(msgspec.Struct, frozen=True):
     result: dict[str, Any] | None
     state: SessionState
     output: Any = None
+
+
+_NOTHING = nullcontext()
 
 
 class _Runner:
@@ -264,10 +267,16 @@ async def run(
     if isinstance(spec, AgentSpec):
         kind = output_type(spec.output_schema)
         spec = with_output_schema(spec)
-    async with AsyncExitStack() as stack:
+    own_pool = None
+    if isinstance(spec, AgentSpec) and spec.mcp_servers and mcp is None:
+        own_pool = McpPool()
+    # A pool entered only when the run needs one of its own: an exit stack would cost every
+    # run 0.8 KB, held while it waits in a tool call.
+    async with own_pool or _NOTHING:
         mcp_tools: McpTools | None = None
         if isinstance(spec, AgentSpec) and spec.mcp_servers:
-            pool = mcp if mcp is not None else await stack.enter_async_context(McpPool())
+            pool = mcp if mcp is not None else own_pool
+            assert pool is not None
             mcp_tools = await pool.open(spec)
             spec = mcp_tools.spec
         state = open_session(
@@ -277,91 +286,97 @@ async def run(
         tool_runner = ToolRunner(
             handler, timeout=tool_timeout, limit=tool_concurrency, max_chars=max_tool_result_chars
         )
-        runner.span = stack.enter_context(agent_span(state, prompt=prompt))
-        traced = traced_chat(timed_chat(chat, step_timeout))
-        if mcp_tools is not None and mcp_tools.events:
-            # Start-up failures are logged after the session's opening event.
-            await runner.emit(opened_event(state))
-            for failure in mcp_tools.events:
-                await runner.emit(failure)
-        asked = approval_request(runner.state)
-        if asked is not None:
-            # A transcript ending in calls that need approval.
-            if runner.state.seq == 0:
-                await runner.emit(opened_event(runner.state))
-            await runner.emit(asked)
-        turns = 0
-        turn: TurnResult | None = None
-        next_input: Input | None
-        if prompt is not None:
-            next_input = Kickoff(prompt)
-        elif state.status == "running":
-            next_input = Resume()
-        elif state.status == "requires_action":
-            next_input = None
-        else:
-            raise InputError("prompt: nothing to continue in the history; give a prompt")
-        pending = state.pending
-        with anyio.move_on_after(timeout) as scope:
-            while True:
-                if next_input is None:
-                    if not await _decide(runner, approve):
-                        break
-                    if handler is None and (
-                        mcp_tools is None or not all(mcp_tools.serves(u.name) for u in pending)
-                    ):
-                        break
-                    results = await tool_runner.run(
-                        pending,
-                        _RunCalls(runner, spec, mcp_tools),
-                        session_id=runner.state.session_id,
-                        spec=spec,
-                        mcp=mcp_tools,
+        with agent_span(state, prompt=prompt) as span:
+            runner.span = span
+            traced = traced_chat(timed_chat(chat, step_timeout))
+            if mcp_tools is not None and mcp_tools.events:
+                # Start-up failures are logged after the session's opening event.
+                await runner.emit(opened_event(state))
+                for failure in mcp_tools.events:
+                    await runner.emit(failure)
+            asked = approval_request(runner.state)
+            if asked is not None:
+                # A transcript ending in calls that need approval.
+                if runner.state.seq == 0:
+                    await runner.emit(opened_event(runner.state))
+                await runner.emit(asked)
+            turns = 0
+            turn: TurnResult | None = None
+            next_input: Input | None
+            if prompt is not None:
+                next_input = Kickoff(prompt)
+            elif state.status == "running":
+                next_input = Resume()
+            elif state.status == "requires_action":
+                next_input = None
+            else:
+                raise InputError("prompt: nothing to continue in the history; give a prompt")
+            pending = state.pending
+            # No cancel scope without a timeout: 0.7 KB held while the run waits.
+            bound = None if timeout is None else anyio.move_on_after(timeout)
+            with bound or _NOTHING:
+                while True:
+                    if next_input is None:
+                        if not await _decide(runner, approve):
+                            break
+                        if handler is None and (
+                            mcp_tools is None or not all(mcp_tools.serves(u.name) for u in pending)
+                        ):
+                            break
+                        results = await tool_runner.run(
+                            pending,
+                            _RunCalls(runner, spec, mcp_tools),
+                            session_id=runner.state.session_id,
+                            spec=spec,
+                            mcp=mcp_tools,
+                        )
+                        next_input = Resume(pending, tuple(results))
+                    begun, events, chat_failure = await runner.poll(
+                        next_input, traced, on_delta, guard
                     )
-                    next_input = Resume(pending, tuple(results))
-                begun, events, chat_failure = await runner.poll(next_input, traced, on_delta, guard)
-                if chat_failure is not None:
-                    lead = f"The model failed: {chat_failure.message}"
-                    message = with_last_result(runner.state, lead)
-                    await runner.emit(
-                        unanswered(runner.state)
-                        or Halted(guard=RUNNER, reason="chat_error", message=message)
-                    )
-                    turn = None
-                    break
-                turn = normalize((*begun, *events))
-                turns += sum(isinstance(envelope.event, ModelResponded) for envelope in events)
-                if turn.terminal != "requires_action":
-                    break
-                if turn_guard is not None:
-                    verdict = turn_guard(runner.state.usage, turns)
-                    if verdict is not None:
+                    if chat_failure is not None:
+                        lead = f"The model failed: {chat_failure.message}"
+                        message = with_last_result(runner.state, lead)
                         await runner.emit(
-                            Halted(guard=TURN_GUARD, reason="turn_guard", message=verdict)
+                            unanswered(runner.state)
+                            or Halted(guard=RUNNER, reason="chat_error", message=message)
                         )
                         turn = None
                         break
-                pending = turn.tool_uses
-                next_input = None if pending else Resume()
-        if scope.cancelled_caught:
-            lead = f"I stopped because the run took longer than its {timeout:g} s timeout."
-            with anyio.CancelScope(shield=True):
-                await runner.emit(
-                    Halted(
-                        guard=RUNNER,
-                        reason="timeout",
-                        message=with_last_result(runner.state, lead),
+                    turn = normalize((*begun, *events))
+                    turns += sum(isinstance(envelope.event, ModelResponded) for envelope in events)
+                    if turn.terminal != "requires_action":
+                        break
+                    if turn_guard is not None:
+                        verdict = turn_guard(runner.state.usage, turns)
+                        if verdict is not None:
+                            await runner.emit(
+                                Halted(guard=TURN_GUARD, reason="turn_guard", message=verdict)
+                            )
+                            turn = None
+                            break
+                    pending = turn.tool_uses
+                    next_input = None if pending else Resume()
+            if bound is not None and bound.cancelled_caught:
+                lead = f"I stopped because the run took longer than its {timeout:g} s timeout."
+                with anyio.CancelScope(shield=True):
+                    await runner.emit(
+                        Halted(
+                            guard=RUNNER,
+                            reason="timeout",
+                            message=with_last_result(runner.state, lead),
+                        )
                     )
-                )
-            turn = None
-        output = runner.state.output if turn is not None and turn.typed else None
-        if kind is not None and turn is not None and turn.typed:
-            output, undecoded = decoded(runner.state, kind)
-            if undecoded is not None:
-                await runner.emit(Halted(guard=RUNNER, reason="invalid_output", message=undecoded))
                 turn = None
-        runner.span.finish(runner.state)
-        return _result(runner, turn, turns, output)
+            output = runner.state.output if turn is not None and turn.typed else None
+            if kind is not None and turn is not None and turn.typed:
+                output, undecoded = decoded(runner.state, kind)
+                if undecoded is not None:
+                    halt = Halted(guard=RUNNER, reason="invalid_output", message=undecoded)
+                    await runner.emit(halt)
+                    turn = None
+            runner.span.finish(runner.state)
+            return _result(runner, turn, turns, output)
 
 
 async def _decide(runner: _Runner, approve: Approver | None) -> bool:

@@ -4,8 +4,10 @@ parked at once, each measurement in a fresh process so that none reuses another'
     python bench/parked.py [--sessions 5000] [--round-trips 1 5 20]
 
 Three ways a session parks: at rest in a `Host` (on a SQLite log) after its request's
-round trips and answer, once for each `--round-trips`; inside a tool call in a `Host`;
-inside a tool call in `run()`. Each session is a scripted model's tool round trips with
+round trips and answer, once for each `--round-trips`; inside a tool call in a `Host`,
+measured `PACKED_AFTER` seconds after the last session entered it (a Host packs the
+state of a session in its tool calls after one to two seconds); inside a tool call in
+`run()`. Each session is a scripted model's tool round trips with
 one tool, `step`; a parked tool call waits on an event until every session is parked.
 RSS is read after a garbage collection, against the same reading before the sessions
 started (and after a warm-up batch, so that lazy imports and caches are not counted).
@@ -32,6 +34,7 @@ from turnkeeper.providers import text_response, tool_response
 SPEC = AgentSpec(system_prompt="Use the tool.", tools=(ToolSpec("step"),))
 WARM_UP = 20
 TARGET_KB = 8.0
+PACKED_AFTER = 2.5
 
 
 def rss_bytes() -> int:
@@ -86,6 +89,7 @@ async def host_parked(sessions: int, round_trips: int, where: str) -> float:
             ids = [await host.start(SPEC, "Go.") for _ in range(sessions)]
             if where == "tool":
                 await script.all_in.wait()
+                await anyio.sleep(PACKED_AFTER)
             else:
                 for session_id in ids:
                     await host.result(session_id)

@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.sessions.host_worker import check_log, settle
+from turnkeeper import state
 from turnkeeper.core import (
     AgentSpec,
     ChatError,
@@ -35,7 +36,9 @@ from turnkeeper.logs import Batch, MemoryLog, SqliteLog
 from turnkeeper.providers import text_response, tool_response
 from turnkeeper.sessions import Host, SessionInfo
 from turnkeeper.sessions import _host_actor as host_actor
+from turnkeeper.sessions import _host_records as host_records
 from turnkeeper.sessions._rebuild import runs_by_page
+from turnkeeper.state import PackedState, SessionState
 
 pytestmark = pytest.mark.anyio
 
@@ -234,10 +237,17 @@ def packed(host: Host, session_id: str) -> bool:
 
 @pytest.mark.parametrize("log_kind", ["memory", "sqlite"])
 async def test_sessions_at_rest_are_held_packed_and_answer_every_call_as_before(
-    log_kind: str, tmp_path: Path
+    log_kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     log = MemoryLog() if log_kind == "memory" else SqliteLog(tmp_path / "log.sqlite")
     kinds: list[Kind] = ["hello", "ask", "fail"]
+    unpacked: list[str] = []
+
+    def unpack_state(packed: PackedState) -> SessionState:
+        unpacked.append(packed.rest.session_id)
+        return state.unpack_state(packed)
+
+    monkeypatch.setattr(host_records, "unpack_state", unpack_state)
     async with log, Host(chat=Model(), log=log, max_resting=None) as host:
         before: dict[str, SessionInfo] = {}
         for n in range(6):
@@ -245,16 +255,21 @@ async def test_sessions_at_rest_are_held_packed_and_answer_every_call_as_before(
             before[session_id] = await run_to_rest(host, session_id, kinds[n % 3])
         assert all(packed(host, session_id) for session_id in before)
 
-        # Counting statuses and listing sessions unpack nothing.
+        # Counting statuses, and a session's status, result or new events, unpack nothing.
         assert await host.statuses() == {"idle": 2, "requires_action": 2, "errored": 2}
-        assert all(packed(host, session_id) for session_id in before)
         for session_id, info in before.items():
             assert await host.status(session_id) == info
+            assert await host.result(session_id) == info
+            assert await host.events(session_id, after=info.seq, wait=0.01) == []
+        assert unpacked == []
+        assert all(packed(host, session_id) for session_id in before)
+        for session_id, info in before.items():
             assert await host.result(session_id, wait=1) == info
             events = await host.events(session_id)
-            assert check_log(events) == host._sessions[session_id].state
-            # Read, then let go again once no call uses it: packed as it was, not again.
+            # Read (and so unpacked), then let go again once no call uses it: packed as it
+            # was, not again.
             kept = host._sessions[session_id].packed
+            assert check_log(events) == host._sessions[session_id].state
             await host.status(session_id)
             assert packed(host, session_id)
             assert host._sessions[session_id].packed is kept

@@ -295,10 +295,9 @@ class Host(HostActor, HostRecovery, HostResting, HostApprovals, HostForks, HostD
         """Try the model call of an errored session again (of any other, do nothing)."""
         self._check_accepting()
         async with self._use(session_id) as session:
-            if session.state.status in ("failed", "cancelled"):
-                raise InputError(
-                    f"session {session_id} is {session.state.status}; nothing to retry"
-                )
+            status = session.bare.status
+            if status in ("failed", "cancelled"):
+                raise InputError(f"session {session_id} is {status}; nothing to retry")
             if not session.errored:
                 # No failed call to make again. Woken, the session would hold a task that
                 # finds nothing to do, and a message sent meanwhile would queue behind it.
@@ -402,7 +401,7 @@ class Host(HostActor, HostRecovery, HostResting, HostApprovals, HostForks, HostD
             # From now on the session keeps a tail of its events for its followers.
             reads = session.reads = {}
         if session.logged is not None and self._tail_trusted(session):
-            seq = session.state.seq
+            seq = session.bare.seq
             if after >= seq:
                 return []
             tail = session.tail

@@ -26,7 +26,6 @@ from turnkeeper.core import (
     check_count,
     check_seconds,
     schema_key,
-    text_of,
 )
 from turnkeeper.events import (
     AnyEvent,
@@ -439,13 +438,10 @@ class HostBase:
         return self._output_types.get(schema_key(schema))
 
     def _info(self, session: _Session) -> SessionInfo:
-        state = session.state
+        # Nothing here reads the history: a session at rest is not unpacked.
+        state = session.bare
         status = self._status(session)
-        text: str | None = None
-        for message in reversed(state.history):
-            if message.get("role") == "assistant":
-                text = text_of(message)
-                break
+        text = session.answer
         if state.status == "halted" and state.halt_message is not None:
             text = state.halt_message
         return SessionInfo(

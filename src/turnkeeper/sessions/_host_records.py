@@ -8,7 +8,7 @@ import anyio
 import anyio.abc
 import msgspec
 
-from turnkeeper.core import ToolUse, TurnkeeperError, Usage
+from turnkeeper.core import Message, ToolUse, TurnkeeperError, Usage, text_of
 from turnkeeper.events import ChatFailed, Envelope, Failed
 from turnkeeper.sessions._driver import Called
 from turnkeeper.state import PackedState, SessionState, denial, pack_state, unpack_state
@@ -136,6 +136,7 @@ class _Session:
     # Slots: past 30 attributes an instance's dict stops sharing its keys with the others
     # (CPython), and a record would take 1.5 KB more.
     __slots__ = (
+        "_answer",
         "_state",
         "announced",
         "appending",
@@ -174,6 +175,9 @@ class _Session:
         # unpacked is only read (assigning `state` drops the packed one).
         self._state: SessionState | None = state
         self.packed: PackedState | None = None
+        # The packed state's last answer (see `answer`), so that a status read unpacks
+        # nothing.
+        self._answer: str | None = None
         self.session_id = state.session_id
         # The errored flag and error that the log's last event gives (see `_logged`), or
         # None when the state may differ from what the log rebuilds (an append raised).
@@ -255,6 +259,13 @@ class _Session:
         assert self.packed is not None, "a record holds its state or its packed state"
         return self.packed.rest
 
+    @property
+    def answer(self) -> str | None:
+        """The text of the last assistant message in the state's history (None if none),
+        read without unpacking the state."""
+        state = self._state
+        return last_answer(state.history) if state is not None else self._answer
+
     def rest(self) -> None:
         """Pack the state of a session at rest (unless it does not pack exactly), and drop
         the refusal cache (checked again on next use). A state only read since the last
@@ -262,6 +273,7 @@ class _Session:
         self.checked = None
         if self._state is not None and self.packed is None:
             self.packed = pack_state(self._state)
+            self._answer = last_answer(self._state.history)
         if self.packed is not None:
             self._state = None
 
@@ -306,6 +318,14 @@ class _Session:
             mcp = self.mcp
             refusals[use.id] = check_call(state.spec, use) if mcp is None else mcp.refusal(use)
         return refusals[use.id]
+
+
+def last_answer(history: tuple[Message, ...]) -> str | None:
+    """The text of the last assistant message in `history`, or None."""
+    for message in reversed(history):
+        if message.get("role") == "assistant":
+            return text_of(message)
+    return None
 
 
 class _IdleTask:

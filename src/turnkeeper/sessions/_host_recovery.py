@@ -168,7 +168,7 @@ class HostRecovery(HostBase):
             session.users += 1
         # A session with work and no task (recovered, or read from the log) gets one; so
         # does one whose MCP servers are not open yet, which may answer its pending calls.
-        state = session.state
+        state = session.bare
         if self._status(session) == "running" or (
             state.status == "requires_action" and state.spec.mcp_servers and session.mcp is None
         ):

@@ -20,6 +20,7 @@ from turnkeeper.core._messages import (
     error_content,
     gist,
     key_arguments,
+    last_answer,
     last_tool_result,
     text_of,
     tool_message,
@@ -271,6 +272,20 @@ def test_tool_and_notice_messages() -> None:
     assert tool_message("c1", "ok") == {"role": "tool", "tool_call_id": "c1", "content": "ok"}
     assert json.loads(error_content('boom "x"')) == {"error": 'boom "x"', "isError": True}
     assert json.loads(duplicate_content("seen")) == {"duplicate": True, "message": "seen"}
+
+
+def test_last_answer_is_the_text_of_the_last_assistant_message() -> None:
+    history = (
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "first"},
+        {"role": "user", "content": "again"},
+        {"role": "assistant", "content": [{"type": "text", "text": "second"}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "a result"},
+    )
+    assert last_answer(history) == "second"
+    assert last_answer(history[:3]) == "first"
+    assert last_answer(history[:1]) is None
+    assert last_answer(()) is None
 
 
 def test_last_tool_result_skips_duplicate_and_skip_notices() -> None:

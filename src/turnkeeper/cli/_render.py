@@ -7,7 +7,7 @@ from typing import Any, assert_type
 
 import msgspec
 
-from turnkeeper.core import AgentSpec, Message, text_of, tool_uses_of
+from turnkeeper.core import AgentSpec, Message, last_answer, text_of, tool_uses_of
 from turnkeeper.events import (
     AnsweredAfterStop,
     AnswerRequested,
@@ -197,10 +197,7 @@ def answer_of(state: SessionState) -> str | None:
         return result_text(state.result)
     if state.halt_message is not None:
         return state.halt_message
-    for message in reversed(state.history):
-        if message.get("role") == "assistant":
-            return text_of(message)
-    return None
+    return last_answer(state.history)
 
 
 def result_text(result: dict[str, Any]) -> str:

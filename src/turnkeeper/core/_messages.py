@@ -164,6 +164,14 @@ def gist(text: str, limit: int = 300) -> str:
     return flat if len(flat) <= limit else flat[: limit - 1].rstrip() + "…"
 
 
+def last_answer(history: tuple[Message, ...]) -> str | None:
+    """The text of the last assistant message in history, or None."""
+    for message in reversed(history):
+        if message.get("role") == "assistant":
+            return text_of(message)
+    return None
+
+
 def last_tool_result(history: tuple[Message, ...]) -> str | None:
     """The content of the last real tool result in history (not a duplicate or skip notice)."""
     for message in reversed(history):

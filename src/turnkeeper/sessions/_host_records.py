@@ -8,7 +8,7 @@ import anyio
 import anyio.abc
 import msgspec
 
-from turnkeeper.core import Message, ToolUse, TurnkeeperError, Usage, text_of
+from turnkeeper.core import ToolUse, TurnkeeperError, Usage, last_answer
 from turnkeeper.events import ChatFailed, Envelope, Failed
 from turnkeeper.sessions._driver import Called
 from turnkeeper.state import PackedState, SessionState, denial, pack_state, unpack_state
@@ -318,14 +318,6 @@ class _Session:
             mcp = self.mcp
             refusals[use.id] = check_call(state.spec, use) if mcp is None else mcp.refusal(use)
         return refusals[use.id]
-
-
-def last_answer(history: tuple[Message, ...]) -> str | None:
-    """The text of the last assistant message in `history`, or None."""
-    for message in reversed(history):
-        if message.get("role") == "assistant":
-            return text_of(message)
-    return None
 
 
 class _IdleTask:

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from turnkeeper.core import AgentSpec, ApprovalDecision, InputError, ToolResult, ToolSpec, ToolUse
 from turnkeeper.events import ApprovalDecided, ApprovalRequested, ToolCalled
-from turnkeeper.logs import SqliteLog
+from turnkeeper.logs import JsonlLog, SqliteLog
 from turnkeeper.providers import ScriptedChat, text_response, tool_response
 from turnkeeper.sessions import Host, RunResult, recheck, run
 from turnkeeper.state import replay
@@ -247,6 +247,68 @@ async def test_a_transcript_ending_in_such_a_call_asks_for_approval_first() -> N
         await host.approve(session_id, [ApprovalDecision("t1", approved=True)])
         assert (await host.result(session_id, wait=30)).text == "Refunded."
     assert refunds.made == [(9, 900)]
+
+
+async def test_a_fork_between_a_reply_and_its_approval_request_asks_for_approval() -> None:
+    refunds = Refunds()
+    chat = ScriptedChat(
+        [tool_response(("refund", {"order": 7, "amount": 900}, "c")), text_response("Refunded.")]
+    )
+    async with Host(chat=chat, tools={"refund": refunds.refund}) as host:
+        origin = await host.start(SPEC, "Refund order 7")
+        assert (await host.result(origin, wait=30)).status == "awaiting_approval"
+        events = await host.events(origin)
+        reply = next(e.seq for e in events if e.type == "local.model_response")
+        assert isinstance(events[reply].event, ApprovalRequested)  # logged with the reply
+        info = await host.fork(origin, reply, "fork")
+        assert info.status == "awaiting_approval"
+        assert [use.id for use in info.awaiting] == ["c"]
+        assert (await host.result("fork", wait=0.2)).status == "awaiting_approval"
+        assert refunds.made == []
+        with pytest.raises(InputError, match="not waiting for tool results"):
+            await host.submit_tool_results("fork", [ToolResult("c", "refunded by hand")])
+        forked = await host.events("fork")
+        assert [e.type for e in forked[reply:]] == ["local.forked", "local.approval_requested"]
+        assert replay(forked) == host._sessions["fork"].state
+        await host.approve("fork", [ApprovalDecision("c", approved=True)])
+        assert (await host.result("fork", wait=30)).text == "Refunded."
+    assert refunds.made == [(7, 900)]
+
+
+@pytest.mark.parametrize("handled", [True, False], ids=["in-process tool", "tool from outside"])
+async def test_a_log_cut_between_a_reply_and_its_approval_request_asks_first(
+    tmp_path: Path, handled: bool
+) -> None:
+    # A crash in the middle of the append of the reply and its request: JSON Lines may keep
+    # the first events of an append cut short (here the reply), before the order file
+    # records the append. Both are cut back by hand.
+    path = tmp_path / "log"
+    chat = ScriptedChat([tool_response(("refund", {"order": 5, "amount": 800}, "c"))])
+    async with JsonlLog(path) as log, Host(chat=chat, log=log) as host:
+        session_id = await host.start(SPEC, "Refund order 5")
+        assert (await host.result(session_id, wait=30)).status == "awaiting_approval"
+    session_file = next(path.glob("*.jsonl"))
+    lines = session_file.read_bytes().splitlines(keepends=True)
+    assert b"local.approval_requested" in lines[-1]
+    session_file.write_bytes(b"".join(lines[:-1]))
+    order = path / "order.idx"
+    order.write_bytes(b"".join(order.read_bytes().splitlines(keepends=True)[:-1]))
+    refunds = Refunds()
+    tools = {"refund": refunds.refund} if handled else None
+    later = ScriptedChat([text_response("Refunded.")])
+    async with JsonlLog(path) as log, Host(chat=later, log=log, tools=tools) as host:
+        info = await host.result(session_id, wait=30)
+        assert info.status == "awaiting_approval"
+        assert [use.id for use in info.awaiting] == ["c"]
+        assert refunds.made == []
+        events = await host.events(session_id)
+        assert isinstance(events[-1].event, ApprovalRequested)
+        assert replay(events) == host._sessions[session_id].state
+        await host.approve(session_id, [ApprovalDecision("c", approved=True)])
+        if not handled:
+            await host.submit_tool_results(session_id, [ToolResult("c", "refunded")])
+        assert (await host.result(session_id, wait=30)).text == "Refunded."
+    assert refunds.made == ([(5, 800)] if handled else [])
 
 
 async def test_run_asks_its_approve_callback() -> None:

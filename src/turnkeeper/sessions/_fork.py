@@ -13,7 +13,7 @@ from turnkeeper.core import InputError
 from turnkeeper.events import Envelope, Forked, ToolMayHaveRun
 from turnkeeper.sessions._open import new_session_id
 from turnkeeper.sessions._recheck import by_guards
-from turnkeeper.state import SessionState, apply_event, replay
+from turnkeeper.state import SessionState, apply_event, approval_request, replay
 
 
 def fork_events(
@@ -26,7 +26,8 @@ def fork_events(
     InputError, naming `at_seq`, when it is not a seq of the session, when it cuts a step
     short (the guard events logged with the step at `at_seq` follow it, or it is the mark
     of a call about to run again, logged with the call), or when the session is cancelled
-    or failed there (a fork of it would take no messages)."""
+    or failed there (a fork of it would take no messages). A fork at a reply whose calls
+    want approval, before the reply's `local.approval_requested`, ends by asking for it."""
     if not events:
         raise InputError("fork: the origin session has no events")
     origin = events[0].session_id
@@ -67,4 +68,11 @@ def fork_events(
             "would take no messages; fork at an earlier seq"
         )
     forked = Envelope(new_id, at_seq + 1, at, Forked(origin=origin, at_seq=at_seq))
-    return [*prefix, forked], apply_event(state, forked)
+    state = apply_event(state, forked)
+    asked = approval_request(state)
+    if asked is None:
+        return [*prefix, forked], state
+    # Forked between a reply and its `local.approval_requested`: the fork asks for the
+    # approvals its calls want, as the reply's own step did, so none runs unapproved.
+    request = Envelope(new_id, at_seq + 2, at, asked)
+    return [*prefix, forked, request], apply_event(state, request)

@@ -31,7 +31,7 @@ from turnkeeper.sessions._poll import begin_poll, build_request, emit
 from turnkeeper.sessions._run import RUNNER
 from turnkeeper.sessions._step_timeout import WATCHED_CALL
 from turnkeeper.sessions._typed import decoded
-from turnkeeper.state import SessionState, awaiting_approval
+from turnkeeper.state import SessionState, approval_request, awaiting_approval
 from turnkeeper.tools import coerce_call, handled_as_error
 from turnkeeper.tracing import AgentSpan
 
@@ -343,6 +343,14 @@ class HostActor(HostBase):
         when none runs and some wait for results from outside, or for approval. Apart from
         `_advance_tools`, so that no frame holds the state while the calls run."""
         state = session.state
+        asked = approval_request(state)
+        if asked is not None:
+            # Calls that want approval and were never asked about: a log that ends between
+            # a reply and its `local.approval_requested` (cut short by a crash). Asked now;
+            # none runs before every one is decided.
+            async with session.lock:
+                await self._commit_events(session, [asked])
+            return None
         if state.approvals and awaiting_approval(state):
             return None  # No call of the reply runs before every one is decided.
         if state.spec.mcp_servers and session.mcp is None:

@@ -57,7 +57,7 @@ from turnkeeper.sessions._step_timeout import (
 )
 from turnkeeper.sessions._tool_runner import ToolRunner
 from turnkeeper.sessions._typed import decoded
-from turnkeeper.state import SessionState, awaiting_approval
+from turnkeeper.state import SessionState, approval_request, awaiting_approval
 from turnkeeper.tools import MAX_TOOL_RESULT_CHARS, McpPool, Tools, as_handler
 from turnkeeper.tracing import AgentSpan, start_agent_span, traced_chat
 
@@ -405,8 +405,8 @@ class HostBase:
     def _outstanding(self, session: _Session) -> list[ToolUse]:
         """Pending calls without a result that the host will not answer itself."""
         state = session.bare
-        if state.approvals and awaiting_approval(state):
-            return []  # None waits for a result before the calls are approved.
+        if (state.approvals and awaiting_approval(state)) or approval_request(state) is not None:
+            return []  # None waits for a result before the calls are approved (or asked about).
         returned = {result.tool_use_id for result in state.returned}
         return [
             use

@@ -278,6 +278,59 @@ async def test_without_tools_the_run_returns_control_and_can_be_reattached() -> 
     assert tool_messages(second.transcript) == ["4"]
 
 
+ASK = ToolSpec("ask_human", "Ask a person", {"type": "object"})
+
+
+async def test_a_call_of_a_tool_the_mapping_does_not_name_returns_control() -> None:
+    spec = AgentSpec(system_prompt="Use the tools.", tools=(ADD, ASK))
+    both = tool_response(("add", {"a": 1, "b": 2}, "c1"), ("ask_human", {"q": "ok?"}, "c2"))
+    chat = ScriptedChat([both, text_response("3, and yes")])
+    first = await run(spec, "1+2, then ask", chat, tools={"add": add})
+    assert (first.terminal, first.stop_reason) == ("requires_action", "tool_use")
+    assert [u.id for u in first.tool_uses] == ["c1", "c2"]
+    assert not any(e.type == "local.tool_call" for e in first.events)  # none ran
+    assert replay(first.events) == first.state
+
+    async def ask_human(q: str) -> str:
+        return "yes"
+
+    tools = {"add": add, "ask_human": ask_human}
+    second = await run(spec, None, chat, tools=tools, history=first.transcript)
+    assert second.text == "3, and yes"
+    assert tool_messages(second.transcript) == ["3", "yes"]
+
+
+async def test_bad_calls_are_answered_by_the_run_even_without_tools() -> None:
+    # As a Host does: a call that would be refused is answered with the error, not handed
+    # back; the model repairs it and the good call comes back to the caller.
+    chat = ScriptedChat(
+        [
+            tool_response(("multiply", {"a": 2}, "bad")),
+            tool_response(("add", {"a": 2, "b": 2}, "good")),
+        ]
+    )
+    result = await run(SPEC, "2+2", chat)
+    assert result.terminal == "requires_action"
+    assert [u.id for u in result.tool_uses] == ["good"]
+    assert "unknown tool" in tool_messages(result.transcript)[0]
+    assert replay(result.events) == result.state
+
+
+async def test_a_plain_function_in_the_mapping_runs_and_its_result_reaches_the_model() -> None:
+    charged: list[float] = []
+
+    def plain_add(a: float, b: float) -> str:
+        charged.append(a + b)
+        return str(a + b)
+
+    chat = ScriptedChat([tool_response(("add", {"a": 2, "b": 5})), text_response("7")])
+    result = await run(SPEC, "2+5", chat, tools={"add": plain_add})
+    assert charged == [7]
+    assert tool_messages(result.transcript) == ["7"]
+    returned = [e.event for e in result.events if isinstance(e.event, ToolReturned)]
+    assert [r.is_error for r in returned] == [False]
+
+
 async def test_handler_returning_json_values_and_unencodable_values() -> None:
     async def structured(a: float, b: float) -> Any:
         return {"sum": a + b} if a else object()

@@ -76,6 +76,20 @@ async def test_mapping_refuses_an_unknown_tool_naming_the_handled_ones() -> None
 
 
 @pytest.mark.anyio
+async def test_mapping_takes_plain_functions_and_ones_returning_an_awaitable() -> None:
+    charged: list[int] = []
+
+    def charge(amount: int) -> str:
+        charged.append(amount)
+        return f"charged {amount}"
+
+    handler = as_handler({"charge": charge, "later": lambda city: weather(city)})
+    assert await handler("charge", {"amount": 5}, CTX) == "charged 5"
+    assert charged == [5]
+    assert await handler("later", {"city": "Oslo"}, CTX) == "Oslo: sunny for 1 day(s)"
+
+
+@pytest.mark.anyio
 async def test_mapping_is_copied_so_later_changes_do_not_leak_in() -> None:
     functions = {"weather": weather}
     handler = as_handler(functions)
@@ -103,9 +117,7 @@ def test_non_callable_tools_are_rejected_clearly(tools: Any) -> None:
 
 
 def test_non_callable_tool_function_is_rejected_by_name() -> None:
-    with pytest.raises(
-        InputError, match=r"tools\['clock'\]: expected an async function, got 'noon'"
-    ):
+    with pytest.raises(InputError, match=r"tools\['clock'\]: expected a function, got 'noon'"):
         as_handler({"weather": weather, "clock": "noon"})  # type: ignore[dict-item]
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import nullcontext
 from typing import Any
 
@@ -52,6 +52,7 @@ from turnkeeper.tools import (
     MAX_TOOL_RESULT_CHARS,
     McpPool,
     McpTools,
+    ToolHandler,
     Tools,
     as_handler,
     check_call,
@@ -224,7 +225,9 @@ async def run(
     `max_turns` is spent, `timeout` seconds pass, or it needs tools it was not given.
 
     `tools` is one async handler `(name, args, ctx) -> str` or a mapping of tool name to
-    an async function called with the arguments as keywords; tools run at most
+    a function (async, or plain for quick work) called with the arguments as keywords;
+    a call of a tool the mapping does not name, and no MCP server serves, stops the run
+    with the reply's calls in `tool_uses`, none run (as without `tools`). Tools run at most
     `tool_concurrency` at a time and their results go back in call order. A handler
     that raises becomes an error result for the model. With `history` (a transcript
     from a previous run) the session continues it; `prompt` may then be None.
@@ -263,6 +266,8 @@ async def run(
     check_step_timeout("step_timeout", step_timeout)
     check_count("max_tool_result_chars", max_tool_result_chars, 1)
     handler = as_handler(tools) if tools is not None else None
+    # The tools the run's handler answers: those a mapping names (None: all of them).
+    named = frozenset(tools) if isinstance(tools, Mapping) else None
     kind = None
     if isinstance(spec, AgentSpec):
         kind = output_type(spec.output_schema)
@@ -319,13 +324,12 @@ async def run(
                     if next_input is None:
                         if not await _decide(runner, approve):
                             break
-                        if handler is None and (
-                            mcp_tools is None or not all(mcp_tools.serves(u.name) for u in pending)
-                        ):
+                        calls = _RunCalls(runner, spec, mcp_tools)
+                        if not all(_runs_here(use, handler, named, calls) for use in pending):
                             break
                         results = await tool_runner.run(
                             pending,
-                            _RunCalls(runner, spec, mcp_tools),
+                            calls,
                             session_id=runner.state.session_id,
                             spec=spec,
                             mcp=mcp_tools,
@@ -377,6 +381,20 @@ async def run(
                     turn = None
             runner.span.finish(runner.state)
             return _result(runner, turn, turns, output)
+
+
+def _runs_here(
+    use: ToolUse, handler: ToolHandler | None, named: frozenset[str] | None, calls: _RunCalls
+) -> bool:
+    """Whether the run answers this call itself: by its handler (which answers the tools
+    `named`, all if None), by an MCP server, or as a bad call (with an error, without
+    running it), as a Host does."""
+    if handler is not None and (named is None or use.name in named):
+        return True
+    mcp_tools = calls.mcp_tools
+    if mcp_tools is not None and mcp_tools.serves(use.name):
+        return True
+    return calls.refusal(use) is not None
 
 
 async def _decide(runner: _Runner, approve: Approver | None) -> bool:

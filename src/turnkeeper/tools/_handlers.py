@@ -40,8 +40,9 @@ class ToolContext(msgspec.Struct, frozen=True):
 ToolHandler = Callable[[str, dict[str, Any], ToolContext], Awaitable[Any]]
 """One handler for every tool: `async def handler(name, args, ctx) -> str`."""
 
-ToolFunctions = Mapping[str, Callable[..., Awaitable[Any]]]
-"""A handler per tool name, each called with the arguments as keywords."""
+ToolFunctions = Mapping[str, Callable[..., Any]]
+"""A function per tool name, called with the arguments as keywords: async, or plain (then
+run on the event loop, as a single handler that is not async is: for quick work only)."""
 
 Tools = ToolHandler | ToolFunctions
 
@@ -54,16 +55,15 @@ def as_handler(tools: Tools) -> ToolHandler:
         functions = dict(tools)
         for name, function in functions.items():
             if not callable(function):
-                raise InputError(
-                    f"tools[{name!r}]: expected an async function, got {function!r:.80}"
-                )
+                raise InputError(f"tools[{name!r}]: expected a function, got {function!r:.80}")
 
         async def by_name(name: str, args: dict[str, Any], ctx: ToolContext) -> Any:
             function = functions.get(name)
             if function is None:
                 known = ", ".join(sorted(functions)) or "none"
                 raise LookupError(f"no handler for tool {name!r} (handled: {known})")
-            return await function(**args)
+            value = function(**args)
+            return await value if inspect.isawaitable(value) else value
 
         return by_name
     if not callable(tools):

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import math
 from functools import partial
 from typing import Any
 
 import anyio
 import pytest
 
-from turnkeeper.core import AgentSpec, ChatError, ToolSpec, Usage
+from turnkeeper.core import AgentSpec, ChatError, InputError, ToolSpec, Usage
 from turnkeeper.events import (
     Envelope,
     MessageReceived,
@@ -329,6 +330,33 @@ async def test_a_plain_function_in_the_mapping_runs_and_its_result_reaches_the_m
     assert tool_messages(result.transcript) == ["7"]
     returned = [e.event for e in result.events if isinstance(e.event, ToolReturned)]
     assert [r.is_error for r in returned] == [False]
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"tool_timeout": -1}, "tool_timeout"),
+        ({"tool_timeout": math.nan}, "tool_timeout"),
+        ({"tool_timeout": "1"}, "tool_timeout"),
+        ({"timeout": 0}, "timeout"),
+        ({"timeout": math.nan}, "timeout"),
+        ({"tool_concurrency": 1.5}, "tool_concurrency"),
+        ({"tool_concurrency": None}, "tool_concurrency"),
+        ({"on_event": 5}, "on_event"),
+        ({"on_delta": "print"}, "on_delta"),
+        ({"approve": True}, "approve"),
+        ({"turn_guard": 1}, "turn_guard"),
+        ({"guard": None}, "guard"),
+        ({"clock": 1.0}, "clock"),
+    ],
+)
+async def test_bad_options_are_refused_before_any_model_call(
+    options: dict[str, Any], named: str
+) -> None:
+    chat = ScriptedChat([tool_response(("add", {"a": 1, "b": 1})), text_response("2")])
+    with pytest.raises(InputError, match=f"^{named}: expected"):
+        await run(SPEC, "1+1", chat, tools={"add": add}, **options)
+    assert chat.requests == []
 
 
 async def test_handler_returning_json_values_and_unencodable_values() -> None:

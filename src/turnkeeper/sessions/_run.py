@@ -23,6 +23,7 @@ from turnkeeper.core import (
     ToolUse,
     Usage,
     check_count,
+    check_seconds,
     output_type,
     with_output_schema,
 )
@@ -261,8 +262,24 @@ async def run(
             config,
             terminal=TerminalTool(required=require_terminal_tool, max_reprompts=max_reprompts),
         )
-    if tool_concurrency < 1:
-        raise InputError(f"tool_concurrency: expected at least 1, got {tool_concurrency}")
+    # All checked before anything runs, as a Host checks its own: a bad value found later
+    # would fail the run after a model call was paid for.
+    for name, function in (("chat", chat), ("guard", guard), ("clock", clock)):
+        if not callable(function):
+            raise InputError(f"{name}: expected a function, got {function!r:.80}")
+    for name, hook in (
+        ("turn_guard", turn_guard),
+        ("on_event", on_event),
+        ("on_delta", on_delta),
+        ("approve", approve),
+    ):
+        if hook is not None and not callable(hook):
+            raise InputError(f"{name}: expected a function or None, got {hook!r:.80}")
+    check_count("tool_concurrency", tool_concurrency, 1)
+    if tool_timeout is not None:
+        check_seconds("tool_timeout", tool_timeout, positive=True, optional=True)
+    if timeout is not None:
+        check_seconds("timeout", timeout, positive=True, optional=True)
     check_step_timeout("step_timeout", step_timeout)
     check_count("max_tool_result_chars", max_tool_result_chars, 1)
     handler = as_handler(tools) if tools is not None else None

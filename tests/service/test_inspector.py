@@ -5,8 +5,10 @@ and bad requests answered with the field at fault."""
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -17,8 +19,8 @@ import pytest
 from tests.service.test_catalog import LOOKUP, append_session, follow_up
 from turnkeeper.core import AgentSpec, ToolResult
 from turnkeeper.events import Envelope, MessageReceived, SessionOpened
-from turnkeeper.logs import MemoryLog
-from turnkeeper.providers import tool_response
+from turnkeeper.logs import MemoryLog, SqliteLog
+from turnkeeper.providers import ScriptedChat, tool_response
 from turnkeeper.service import SessionList, SessionView, create_app
 from turnkeeper.service._catalog import Catalog
 from turnkeeper.service._inspector import create_inspector_app
@@ -165,6 +167,58 @@ async def test_a_log_that_is_no_session_is_listed_unreadable_and_cannot_be_reche
         refused = await client.post("/v1/sessions/odd/recheck", json={"guards": {}})
         assert refused.status_code == 409
         assert "cannot be re-checked" in refused.json()["error"]["message"]
+
+
+async def damaged_sqlite_log(path: Path) -> None:
+    """A SQLite log of three sessions: "sound", "torn" (one body overwritten with bytes
+    that are no envelope) and "gap" (its second event's row deleted)."""
+    async with SqliteLog(path) as log:
+        for session_id in ("sound", "torn", "gap"):
+            await append_session(log, session_id)
+            await follow_up(log, session_id, at=2.0)
+    with sqlite3.connect(path) as db:
+        db.execute("UPDATE events SET body = x'deadbeef' WHERE session_id = 'torn' AND seq = 2")
+        db.execute("DELETE FROM events WHERE session_id = 'gap' AND seq = 2")
+
+
+@pytest.mark.parametrize("live", [False, True], ids=["turnkeeper ui", "serve"])
+async def test_a_damaged_session_is_a_409_naming_the_damage_in_every_read(
+    tmp_path: Path, live: bool
+) -> None:
+    path = tmp_path / "log.sqlite"
+    await damaged_sqlite_log(path)
+    async with SqliteLog(path) as log:
+        if live:
+            async with Host(chat=ScriptedChat([]), log=log) as host:
+                app = create_app(host, token=TOKEN)
+                async with httpx.AsyncClient(
+                    transport=httpx.ASGITransport(app=app), base_url="http://t", headers=AUTH
+                ) as client:
+                    await _refused_with_why(client)
+        else:
+            catalog = Catalog(log)
+            app = create_inspector_app(catalog, token=TOKEN, source="a damaged log")
+            async with httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app), base_url="http://t", headers=AUTH
+            ) as client:
+                await _refused_with_why(client)
+                for session_id in ("torn", "gap"):
+                    events = await client.get(f"/v1/sessions/{session_id}/events")
+                    assert events.status_code == 409
+
+
+async def _refused_with_why(client: httpx.AsyncClient) -> None:
+    for session_id, why in (("torn", "not an event envelope"), ("gap", "seq")):
+        for response in (
+            await client.get(f"/v1/inspector/sessions/{session_id}"),
+            await client.post(f"/v1/sessions/{session_id}/recheck", json={"guards": {}}),
+        ):
+            assert response.status_code == 409, response.text
+            error = response.json()["error"]
+            assert session_id in error["message"]
+            assert why in error["message"]
+    sound = await client.get("/v1/inspector/sessions/sound")
+    assert sound.status_code == 200
 
 
 async def test_the_read_only_app_has_no_route_that_changes_a_session() -> None:

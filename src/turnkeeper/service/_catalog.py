@@ -18,11 +18,11 @@ from collections.abc import Awaitable, Callable
 import anyio
 import msgspec
 
-from turnkeeper.core import gc_paused
+from turnkeeper.core import LogCorrupt, SeqError, gc_paused
 from turnkeeper.events import Envelope
 from turnkeeper.logs import EventLog
 from turnkeeper.service._summary import ListedStatus, SessionSummary, Tracker
-from turnkeeper.sessions import UnknownSession
+from turnkeeper.sessions import SessionUnreadable, UnknownSession
 
 Reopen = Callable[[], Awaitable[EventLog]]
 """Opens the log anew, for a log whose open instance does not see what another process
@@ -210,9 +210,18 @@ class Catalog:
         return entry.summary()
 
     async def read(self, session_id: str) -> list[Envelope]:
-        """Every event of the session; UnknownSession if it has none."""
+        """Every event of the session; UnknownSession if it has none, SessionUnreadable if
+        its events are damaged."""
         await self.check(session_id)
-        return await self.log.read(session_id)
+        return await self._read(session_id)
+
+    async def _read(self, session_id: str, after: int = 0) -> list[Envelope]:
+        """The session's events after seq `after`; SessionUnreadable, saying why, if they
+        are damaged (for good: not a failing log, which is a LogError)."""
+        try:
+            return await self.log.read(session_id, after=after)
+        except (LogCorrupt, SeqError) as exc:
+            raise SessionUnreadable(session_id, str(exc)) from None
 
     async def check(self, session_id: str) -> None:
         """Raise UnknownSession unless the log holds events of the session (looking again
@@ -229,7 +238,7 @@ class Catalog:
         await self.check(session_id)
         deadline = anyio.current_time() + wait
         while True:
-            found = await self.log.read(session_id, after=after)
+            found = await self._read(session_id, after)
             remaining = deadline - anyio.current_time()
             if found or remaining <= 0:
                 return found

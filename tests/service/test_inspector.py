@@ -19,7 +19,7 @@ import pytest
 from tests.service.test_catalog import LOOKUP, append_session, follow_up
 from turnkeeper.core import AgentSpec, ToolResult
 from turnkeeper.events import Envelope, MessageReceived, SessionOpened
-from turnkeeper.logs import MemoryLog, SqliteLog
+from turnkeeper.logs import EventLog, JsonlLog, MemoryLog, SqliteLog
 from turnkeeper.providers import ScriptedChat, tool_response
 from turnkeeper.service import SessionList, SessionView, create_app
 from turnkeeper.service._catalog import Catalog
@@ -35,7 +35,7 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 @asynccontextmanager
 async def inspecting(
-    log: MemoryLog, stopping: anyio.Event | None = None
+    log: EventLog, stopping: anyio.Event | None = None
 ) -> AsyncIterator[httpx.AsyncClient]:
     """The read-only app over `log`, and a client with the token."""
     app = create_inspector_app(
@@ -205,6 +205,47 @@ async def test_a_damaged_session_is_a_409_naming_the_damage_in_every_read(
                 for session_id in ("torn", "gap"):
                     events = await client.get(f"/v1/sessions/{session_id}/events")
                     assert events.status_code == 409
+
+
+async def test_a_damaged_session_is_listed_unreadable_and_the_rest_read_on(tmp_path: Path) -> None:
+    path = tmp_path / "log.sqlite"
+    await damaged_sqlite_log(path)
+    async with SqliteLog(path) as log, inspecting(log) as client:
+        first = await client.get("/v1/inspector/sessions")
+        assert first.status_code == 200, first.text
+        listed = {s["session_id"]: s for s in first.json()["sessions"]}
+        assert set(listed) == {"sound", "torn", "gap"}
+        assert listed["sound"]["status"] == "idle"
+        assert listed["torn"]["status"] == listed["gap"]["status"] == "unreadable"
+        assert "not an event envelope" in listed["torn"]["error"]
+        assert "leaves a gap" in listed["gap"]["error"]
+        assert first.json()["counts"] == {"idle": 1, "unreadable": 2}
+        # Read on past the damage: a session's new events, and a new session.
+        await follow_up(log, "sound", at=9.0)
+        await append_session(log, "later", at=10.0)
+        again = (await client.get("/v1/inspector/sessions")).json()
+        assert [s["session_id"] for s in again["sessions"]][:2] == ["later", "sound"]
+        assert again["total"] == 4
+        sound = next(s for s in again["sessions"] if s["session_id"] == "sound")
+        assert sound["events"] == (await log.last_seq("sound"))
+
+
+async def test_a_json_lines_session_with_a_bad_line_is_listed_unreadable(tmp_path: Path) -> None:
+    path = tmp_path / "log"
+    async with JsonlLog(path) as log:
+        for session_id in ("sound", "torn"):
+            await append_session(log, session_id)
+            await follow_up(log, session_id, at=2.0)
+    torn = path / "torn.jsonl"
+    lines = torn.read_bytes().splitlines(keepends=True)
+    torn.write_bytes(b"".join([lines[0], lines[1][:20] + b"\n", *lines[2:]]))
+    async with JsonlLog(path) as log, inspecting(log) as client:
+        response = await client.get("/v1/inspector/sessions")
+        assert response.status_code == 200, response.text
+        listed = {s["session_id"]: s for s in response.json()["sessions"]}
+        assert listed["sound"]["status"] == "idle"
+        assert listed["torn"]["status"] == "unreadable"
+        assert "torn.jsonl" in listed["torn"]["error"]
 
 
 async def _refused_with_why(client: httpx.AsyncClient) -> None:

@@ -17,12 +17,15 @@ from collections.abc import Awaitable, Callable
 
 import anyio
 import msgspec
+import structlog
 
 from turnkeeper.core import LogCorrupt, SeqError, gc_paused
 from turnkeeper.events import Envelope
 from turnkeeper.logs import EventLog
 from turnkeeper.service._summary import ListedStatus, SessionSummary, Tracker
 from turnkeeper.sessions import SessionUnreadable, UnknownSession
+
+_logger = structlog.get_logger(__name__)
 
 Reopen = Callable[[], Awaitable[EventLog]]
 """Opens the log anew, for a log whose open instance does not see what another process
@@ -36,6 +39,10 @@ _PAGE = 5_000
 _TAIL_SECONDS = 0.5
 _REOPEN_SECONDS = 1.0
 _REOPEN_FACTOR = 5
+
+
+def _at(envelope: Envelope) -> float:
+    return envelope.at
 
 
 class _Entry(Tracker):
@@ -77,6 +84,10 @@ class Catalog:
         self._counts: Counter[ListedStatus] = Counter()
         self._after = 0
         self._indexing = True
+        # Whether the log is read session by session (it holds damage), and the index of
+        # the session in `sessions()` that the next such read starts at.
+        self._by_session = False
+        self._next_session = 0
         self._lock = anyio.Lock()
 
     @property
@@ -94,21 +105,74 @@ class Catalog:
 
     async def catch_up(self, budget: float) -> None:
         """Read what the log has appended since the last call, for up to about `budget`
-        seconds (at least one page). LogError if the log cannot be read."""
+        seconds (at least one page). LogError if the log cannot be read.
+
+        A log whose whole read meets a damaged session (LogCorrupt, SeqError) is read on
+        session by session from then on: each damaged session is listed `unreadable`,
+        with why, and the others as ever."""
         async with self._lock:
             await self._reopen_if_due()
             deadline = anyio.current_time() + budget
-            while True:
-                found = await self.log.read_all(after=self._after, limit=self._page)
-                if found:
-                    # A bulk load (see `gc_paused`): summaries that stay, for as long as the
-                    # sessions do.
-                    with gc_paused():
-                        self._take(found)
-                    self._after = found[-1][0]
-                self._indexing = len(found) == self._page
-                if not self._indexing or anyio.current_time() >= deadline:
-                    return
+            if not self._by_session:
+                try:
+                    await self._read_on(deadline)
+                except (LogCorrupt, SeqError) as exc:
+                    _logger.warning("inspector.damaged_log", error=str(exc))
+                    self._by_session = True
+            if self._by_session:
+                await self._read_on_by_session(deadline)
+
+    async def _read_on(self, deadline: float) -> None:
+        """Read the log on by position, page after page, until its end or `deadline`."""
+        while True:
+            found = await self.log.read_all(after=self._after, limit=self._page)
+            if found:
+                self._take(found)
+                self._after = found[-1][0]
+            self._indexing = len(found) == self._page
+            if not self._indexing or anyio.current_time() >= deadline:
+                return
+
+    async def _read_on_by_session(self, deadline: float) -> None:
+        """Read each session of the log on from its last seq seen, until `deadline` (at
+        least one session), listing a damaged one `unreadable`. The events are taken in
+        the order of their times, at positions of the catalog's own past the log's last
+        (a log read this way is not read by position again)."""
+        found: list[Envelope] = []
+        ids = await self.log.sessions()
+        start = self._next_session if self._next_session < len(ids) else 0
+        self._indexing = False
+        for index in range(start, len(ids)):
+            session_id = ids[index]
+            entry = self._entries.get(session_id)
+            if entry is not None and entry.unreadable is not None:
+                continue  # Damaged for good: nothing after the damage counts.
+            try:
+                found += await self.log.read(session_id, after=0 if entry is None else entry.seq)
+            except (LogCorrupt, SeqError) as exc:
+                self._unreadable(session_id, str(exc))
+            if anyio.current_time() >= deadline and index + 1 < len(ids):
+                self._next_session, self._indexing = index + 1, True
+                break
+        else:
+            self._next_session = 0
+        found.sort(key=_at)
+        positions = range(self._after + 1, self._after + 1 + len(found))
+        if found:
+            self._take(list(zip(positions, found, strict=True)))
+            self._after = positions[-1]
+
+    def _unreadable(self, session_id: str, reason: str) -> None:
+        """List the session `unreadable`, with `reason`, as its latest activity."""
+        entry = self._entries.get(session_id)
+        before: ListedStatus | None = None
+        if entry is None:
+            entry = self._entries[session_id] = _Entry(session_id)
+        else:
+            before = entry.listed
+        entry.unreadable = reason
+        self._after += 1
+        self._relist({session_id: before}, {session_id: self._after})
 
     async def _reopen_if_due(self) -> None:
         if self._reopen is None or time.monotonic() - self._reopened_at < self._reopen_every:
@@ -127,16 +191,25 @@ class Catalog:
         entries = self._entries
         before: dict[str, ListedStatus | None] = {}
         last: dict[str, int] = {}
-        for position, envelope in found:
-            session_id = envelope.session_id
-            entry = entries.get(session_id)
-            if entry is None:
-                entry = entries[session_id] = _Entry(session_id)
-                before[session_id] = None
-            elif session_id not in before:
-                before[session_id] = entry.listed
-            entry.apply(envelope)
-            last[session_id] = position
+        # A bulk load (see `gc_paused`): summaries that stay, for as long as the sessions do.
+        with gc_paused():
+            for position, envelope in found:
+                session_id = envelope.session_id
+                entry = entries.get(session_id)
+                if entry is None:
+                    entry = entries[session_id] = _Entry(session_id)
+                    before[session_id] = None
+                elif session_id not in before:
+                    before[session_id] = entry.listed
+                entry.apply(envelope)
+                last[session_id] = position
+        self._relist(before, last)
+
+    def _relist(self, before: dict[str, ListedStatus | None], last: dict[str, int]) -> None:
+        """Count the sessions of `before` (each with its status before, None if new) by
+        their statuses now, and move each to its place in the order by its last position
+        (in `last`, each past every position in the order)."""
+        entries = self._entries
         for session_id, old in before.items():
             entry = entries[session_id]
             entry.listed = entry.status

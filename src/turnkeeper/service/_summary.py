@@ -14,7 +14,7 @@ from typing import Any, get_args
 
 import msgspec
 
-from turnkeeper.core import InputError, Usage, decode_tool_uses, gist
+from turnkeeper.core import InputError, SeqError, Usage, decode_tool_uses, gist
 from turnkeeper.events import (
     AnsweredAfterStop,
     AnswerRequested,
@@ -162,6 +162,9 @@ class Tracker:
 
     def apply(self, envelope: Envelope) -> None:
         """Advance the summary by the session's next event."""
+        if envelope.seq != self.seq + 1 and self.unreadable is None:
+            # A row lost from the log: the session cannot be rebuilt, as a Host would find.
+            self.unreadable = str(SeqError(self.session_id, envelope.seq, self.seq + 1))
         if self.seq == 0:
             self.created_at = envelope.at
         self.seq = envelope.seq

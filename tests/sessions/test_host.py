@@ -44,7 +44,7 @@ from turnkeeper.events import (
     encode_envelope,
 )
 from turnkeeper.logs import EventLog, JsonlLog, MemoryLog, SqliteLog
-from turnkeeper.providers import ScriptedChat, text_response, tool_response
+from turnkeeper.providers import ScriptedChat, text_response, tool_response, with_retry
 from turnkeeper.sessions import Busy, Host, HostStopped, UnknownSession
 from turnkeeper.tools import ToolContext
 
@@ -461,6 +461,28 @@ async def test_cancel_a_parked_session_answers_its_calls_in_history() -> None:
         with pytest.raises(InputError, match="not waiting for tool results"):
             await host.submit_tool_results(session_id, [ToolResult("a1", "late")])
         await check_consistent(host, log, session_id)
+
+
+async def test_retries_are_counted_whether_the_call_then_succeeds_or_fails() -> None:
+    def down() -> ChatError:
+        return ChatError("HTTP 503: down", transient=True, status=503)
+
+    failing = with_retry(ScriptedChat([down(), down(), down()]), max_retries=2, sleep=_no_wait)
+    async with Host(chat=failing) as host:
+        session_id = await host.start(SPEC, "hello")
+        assert (await settle(host, session_id)).status == "errored"
+        logged = types(await host.events(session_id)).count("local.chat_retry")
+        assert host.counters["chat_retries"] == logged == 2
+        assert host.counters["chat_errors"] == 1
+    recovering = with_retry(ScriptedChat([down(), text_response("ok")]), sleep=_no_wait)
+    async with Host(chat=recovering) as host:
+        session_id = await host.start(SPEC, "hello")
+        assert (await settle(host, session_id)).text == "ok"
+        assert host.counters["chat_retries"] == 1
+
+
+async def _no_wait(seconds: float) -> None:
+    pass
 
 
 async def test_a_permanent_chat_error_is_errored_and_retry_finishes_it() -> None:

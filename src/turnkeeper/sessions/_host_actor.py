@@ -435,6 +435,7 @@ class HostActor(HostBase):
             # The state as it is now: messages may have been queued during the call.
             answered = answer(called, session.state, guard=self.guard, clock=self.clock)
             events, ended, failure = answered.events, answered.state, answered.failure
+            self._count_events(events)
             if failure is not None:
                 self._count("chat_errors")
                 await self._commit(session, events, ended)
@@ -442,7 +443,6 @@ class HostActor(HostBase):
                 session.error = failure.message
                 self._note(session)
                 return
-            self._count_events(events)
             kind = self._output_type(ended)
             if kind is not None and any(type(e.event) is OutputAccepted for e in events):
                 failure_text = decoded(ended, kind)[1]

@@ -131,6 +131,32 @@ def test_sse_stream_resumes_from_last_event_id_with_nothing_lost_or_repeated(
         ] == logged
 
 
+def test_a_head_of_the_event_stream_ends_with_its_head_and_the_connection_goes_on(
+    server: ServerProcess,
+) -> None:
+    with server.client() as client:
+        session_id = create(client, {"spec": LOOKUP, "prompt": "head"})
+        settled(client, session_id)
+    # One connection for every request: a response left open would hold up the next.
+    limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+    with httpx.Client(
+        base_url=server.url,
+        headers={"Authorization": f"Bearer {TOKEN}"},
+        timeout=10,
+        limits=limits,
+    ) as client:
+        for path in (f"/v1/sessions/{session_id}/events/stream", "/v1/sessions/nope/events/stream"):
+            head = client.head(path)
+            get = client.get(f"/v1/sessions/{session_id}")
+            assert get.status_code == 200
+            assert head.content == b""
+        stream = client.head(f"/v1/sessions/{session_id}/events/stream")
+        assert stream.status_code == 200
+        assert stream.headers["content-type"].startswith("text/event-stream")
+        assert client.head("/v1/sessions/nope/events/stream").status_code == 404
+        assert client.get("/v1/healthz").status_code == 200
+
+
 def test_tool_results_return_control_to_the_orchestrator(server: ServerProcess) -> None:
     with server.client() as client:
         session_id = create(client, {"spec": ASK, "prompt": "q1"})

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import aclosing
 from typing import TypeVar
 
@@ -13,7 +13,7 @@ import anyio
 import msgspec
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from turnkeeper.core import MAX_JSON_DEPTH, InputError, LogError, nests_deeper
@@ -41,9 +41,26 @@ def route(path: str, **endpoints: Endpoint) -> Route:
     safe = {method: guarded(endpoint) for method, endpoint in endpoints.items()}
 
     async def by_method(request: Request) -> Response:
-        return await safe["GET" if request.method == "HEAD" else request.method](request)
+        if request.method == "HEAD":
+            return await _head(safe["GET"], request)
+        return await safe[request.method](request)
 
     return Route(path, by_method, methods=list(endpoints))
+
+
+async def _head(get: Endpoint, request: Request) -> Response:
+    """The response to a HEAD: the GET's head alone. A stream's body is not begun (an
+    event stream never ends, and its response would hold the connection open)."""
+    response = await get(request)
+    if not isinstance(response, StreamingResponse):
+        return response
+    body = response.body_iterator
+    if isinstance(body, AsyncGenerator):
+        await body.aclose()
+    head = Response(status_code=response.status_code, headers=dict(response.headers))
+    # Its length is not known: a GET's stream is sent in chunks.
+    del head.headers["content-length"]
+    return head
 
 
 def guarded(endpoint: Endpoint) -> Endpoint:

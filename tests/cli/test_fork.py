@@ -11,6 +11,7 @@ import pytest
 
 from tests.cli.test_check import lookup, session
 from tests.cli.test_main import cli
+from tests.logs.test_sqlite_log import damage_page_header
 from turnkeeper.events import Envelope, Forked
 from turnkeeper.logs import EventLog, JsonlLog, SqliteLog, encode_jsonl, read_jsonl
 from turnkeeper.providers import ScriptedChat, text_response
@@ -114,4 +115,17 @@ def test_a_log_another_process_writes_is_refused(tmp_path: Path) -> None:
 
     code, err = anyio.run(while_written)
     assert code == 2
-    assert "another turnkeeper process writes this log" in err
+    assert "this log is not written here: another log writes it" in err
+
+
+def test_a_log_not_written_for_another_reason_is_refused_saying_that_reason(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "a.sqlite"
+    anyio.run(record, "sqlite", path)
+    # Damage that quick_check finds and reads do not: the file opens for reading only.
+    damage_page_header(path, "sessions")
+    done = cli("fork", str(path), "origin", "6", cwd=tmp_path)
+    assert done.code == 2
+    assert "this log is not written here: SQLite's quick_check finds it damaged" in done.err
+    assert "another log" not in done.err

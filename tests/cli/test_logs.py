@@ -54,7 +54,8 @@ async def test_recording_to_a_log_another_writer_holds_is_refused_at_once(
     writer = JsonlLog(path) if name == "runs" else SqliteLog(path)
     async with writer:
         await writer.append(run("s1", 1, 1), expected_seq=0)
-        with pytest.raises(LogError, match=f"--log {path}: another turnkeeper process writes"):
+        refused = f"--log {path}: this log is not written here: another log writes it"
+        with pytest.raises(LogError, match=refused):
             async with Recorder(str(path)):
                 pass
         await writer.append([envelope("s1", 2)], expected_seq=1)

@@ -79,7 +79,7 @@ def _kind(path: Path) -> Kind:
     return "sqlite" if path.stat().st_size else "empty"
 
 
-def _open(path: Path, kind: Kind, *, read_only: bool = False) -> EventLog:
+def _open(path: Path, kind: Kind, *, read_only: bool = False) -> SqliteLog | JsonlLog:
     """The log at `path`; with `read_only`, one that takes no writer lock and never writes."""
     if kind == "directory":
         return JsonlLog(path, read_only=read_only)
@@ -163,8 +163,8 @@ async def append_session(name: str, events: Sequence[Envelope]) -> None:
     async with _open(path, kind) as log:
         if not log.writable:
             raise LogError(
-                f"{name}: another turnkeeper process writes this log; fork through it "
-                "(POST /v1/sessions/{id}/fork), or stop it first"
+                f"{name}: this log is not written here: {log.read_only_because}; if a "
+                "turnkeeper process serves it, fork through it (POST /v1/sessions/{id}/fork)"
             )
         try:
             await log.append(events, expected_seq=0)
@@ -195,8 +195,8 @@ class Recorder:
             if not log.writable:
                 await log.close()
                 raise LogError(
-                    f"--log {self.name}: another turnkeeper process writes this log "
-                    "(or its writer lock cannot be taken here); pick another log"
+                    f"--log {self.name}: this log is not written here: "
+                    f"{log.read_only_because}; pick another log"
                 )
             self._log = log
         return self

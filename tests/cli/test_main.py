@@ -833,3 +833,75 @@ def test_the_session_list_shows_a_session_damaged_any_way_as_unreadable(
     assert listing.code == 0, listing.err
     rows = [row.split()[:2] for row in listing.out.splitlines()[1:]]
     assert sorted(rows) == [["damaged", "unreadable"], ["good", "idle"]]
+
+
+# reading a log: its own files, lost rows, a reader gone
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "directory", "jsonl file"])
+def test_export_refuses_to_write_over_its_own_log(tmp_path: Path, kind: str) -> None:
+    log = tmp_path / {"sqlite": "log.sqlite", "directory": "log", "jsonl file": "log.jsonl"}[kind]
+    if kind == "jsonl file":
+        log.write_bytes(encode_jsonl(anyio.run(session_events, "only")))
+    else:
+        anyio.run(make_log, log)
+    files = {path: path.read_bytes() for path in sorted(tmp_path.rglob("*")) if path.is_file()}
+    targets = [log] if kind != "directory" else [log / "order.idx", log / "new.jsonl"]
+    if kind == "sqlite":
+        targets.append(tmp_path / "log.sqlite-wal")
+    for target in targets:
+        done = cli("export", "--log", str(log), "-o", str(target), cwd=tmp_path)
+        assert done.code == 2, done
+        assert done.err == (
+            f"turnkeeper: error: --output: {target} is the log {log} or one of its files; "
+            "export writes a new file\n"
+        )
+    assert {p: p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file()} == files
+
+
+def test_a_session_whose_sessions_row_is_gone_is_unreadable_not_left_out(tmp_path: Path) -> None:
+    log = tmp_path / "log.sqlite"
+    anyio.run(make_log, log)
+    with sqlite3.connect(log) as db:
+        db.execute("DELETE FROM sessions WHERE session_id = 'damaged'")
+    exported = cli("export", "--log", str(log), "-o", "all.jsonl", cwd=tmp_path)
+    assert exported.code == 2
+    assert "damaged: " in exported.err
+    assert "the sessions table does not list it" in exported.err
+    assert not (tmp_path / "all.jsonl").exists()
+    listing = cli("sessions", "--log", str(log), cwd=tmp_path)
+    rows = {line.split()[0]: line.split()[1] for line in listing.out.splitlines()[1:]}
+    assert rows["damaged"] == "unreadable"
+    assert {status for name, status in rows.items() if name != "damaged"} == {"idle"}
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("sessions", "--log", "log.sqlite"),
+        ("sessions", "good", "--log", "log.sqlite"),
+        ("export", "--log", "log.sqlite", "--session", "good"),
+        ("replay", "log.sqlite", "--session", "good"),
+    ],
+    ids=lambda command: command[0] + (" good" if "good" in command else ""),
+)
+def test_a_reader_that_stops_reading_ends_the_command_quietly(
+    tmp_path: Path, command: tuple[str, ...]
+) -> None:
+    anyio.run(make_log, tmp_path / "log.sqlite")
+    reading = subprocess.Popen(
+        [*COMMAND, *command], cwd=tmp_path, env=clean_env(), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )  # fmt: skip
+    assert reading.stdout is not None
+    assert reading.stderr is not None
+    reading.stdout.close()  # as `| head` does once it has its lines
+    with reading.stderr:
+        err = reading.stderr.read()
+    assert (reading.wait(timeout=LIMIT), err) == (141, b"")
+
+
+async def session_events(session_id: str) -> list[Envelope]:
+    chat = ScriptedChat([text_response("Hello.")])
+    result = await run(AgentSpec(), "Hi", chat, session_id=session_id)
+    return list(result.events)

@@ -23,3 +23,7 @@ MODEL_FAILED: Final = 3
 
 INTERRUPTED: Final = 130
 """Interrupted (Ctrl-C)."""
+
+CLOSED_PIPE: Final = 141
+"""What read the output stopped reading it (`turnkeeper sessions ... | head`): the command
+ends there, quietly, with the code a shell gives a process that SIGPIPE ended (128 + 13)."""

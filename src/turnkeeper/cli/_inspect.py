@@ -13,7 +13,7 @@ from turnkeeper.cli import _codes
 from turnkeeper.cli._guards import parse_guards
 from turnkeeper.cli._logs import LoadedLog, load_log
 from turnkeeper.cli._render import answer_of, gist, history_lines, outcome_lines, step_line
-from turnkeeper.core import LogError
+from turnkeeper.core import InputError, LogError
 from turnkeeper.events import Envelope, SessionOpened
 from turnkeeper.logs import encode_jsonl
 from turnkeeper.sessions import recheck
@@ -104,8 +104,25 @@ async def sessions_command(options: SessionsOptions) -> int:
     return _codes.OK
 
 
+def _overwrites(output: Path, log: Path) -> bool:
+    """Whether writing `output` would write over the log at `log` or a file of it: the
+    file itself, a file in its directory (a JsonlLog), or one SQLite keeps beside it
+    (`-wal`, `-shm`, the writer lock)."""
+    output, log = output.resolve(), log.resolve()
+    return (
+        output == log
+        or log in output.parents
+        or (output.parent == log.parent and output.name.startswith(log.name + "-"))
+    )
+
+
 async def export_command(options: ExportOptions) -> int:
     """Write the session (or every session) as JSON Lines to `--output` or stdout."""
+    if options.output is not None and _overwrites(Path(options.output), Path(options.log)):
+        raise InputError(
+            f"--output: {options.output} is the log {options.log} or one of its files; "
+            "export writes a new file"
+        )
     log = await _load(options.log)
     if options.session is None:
         chosen: Iterable[tuple[Envelope, ...]] = log.every_session()

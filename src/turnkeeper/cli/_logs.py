@@ -126,6 +126,16 @@ async def _load_from(opened: EventLog) -> LoadedLog:
                 loaded[key] = tuple(await log.read(key))
             except LogError as exc:
                 unreadable[key] = str(exc)
+        if isinstance(log, SqliteLog):
+            # Rows of a session the sessions table does not list (its row deleted): no
+            # read sees them, and leaving them out would lose the session without a word.
+            for key, chain in (await log.stored_chains()).items():
+                if key not in loaded and key not in unreadable:
+                    unreadable[key] = (
+                        f"{log.path}: session {key}: its {chain.rows} rows are in the events "
+                        f"table, but the sessions table does not list it (see: turnkeeper "
+                        f"check {log.path})"
+                    )
     return LoadedLog(loaded, unreadable=unreadable)
 
 

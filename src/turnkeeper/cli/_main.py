@@ -9,6 +9,7 @@ the log is damaged); 2 bad arguments, files, logs or configuration; 3 the model 
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
@@ -74,9 +75,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         options_type, command = _COMMANDS[namespace.command]
         options = msgspec.convert(vars(namespace), options_type)
         code = anyio.run(partial(_interruptible, command, options), backend="trio")
+        # Here, not at exit: a reader gone by then is caught below.
+        sys.stdout.flush()
     except UsageError as exc:
         print(exc, file=sys.stderr)
         return _codes.USAGE
+    except BrokenPipeError:
+        _drop_stdout()
+        return _codes.CLOSED_PIPE
     except (TurnkeeperError, OSError) as exc:
         print(f"turnkeeper: error: {exc}", file=sys.stderr)
         return _codes.USAGE
@@ -86,6 +92,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("turnkeeper: interrupted", file=sys.stderr)
         return _codes.INTERRUPTED
     return code
+
+
+def _drop_stdout() -> None:
+    """Point stdout at /dev/null: its reader is gone, and Python's flush of it at exit would
+    report the broken pipe again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 async def _interruptible(command: Callable[[Any], Awaitable[int]], options: Any) -> int | None:

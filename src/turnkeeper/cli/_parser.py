@@ -85,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run, replay and serve LLM tool-calling agent sessions.",
         epilog="Exit codes: 0 answered / same outcome / no damage, 1 stopped without an answer "
         "/ outcome would differ / damage found, 2 bad arguments, 3 the model failed, "
-        "130 interrupted.",
+        "130 interrupted, 141 the output's reader stopped reading.",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 

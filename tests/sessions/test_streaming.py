@@ -21,7 +21,7 @@ from tests.providers.openai_server import (
     completion,
     serve_chat,
 )
-from turnkeeper.core import AgentSpec, ToolSpec
+from turnkeeper.core import AgentSpec, InputError, ToolSpec
 from turnkeeper.events import ChatRetried, Envelope, ModelResponded, TokenDelta
 from turnkeeper.providers import OpenAIChat, aclose_shared_client, with_retry
 from turnkeeper.sessions import Host, Kickoff, UnknownSession, open_session, poll_turn, recheck, run
@@ -288,3 +288,39 @@ async def test_a_watcher_that_raises_is_logged_and_the_reply_goes_on(
     assert text_of(got) == ANSWER  # called for every delta, though it raised each time
     assert "deltas.watcher_failed" in caplog.text
     assert "the watcher broke" in caplog.text
+
+
+async def test_an_on_delta_that_raises_is_logged_and_the_run_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    got: list[TokenDelta] = []
+
+    def broken(delta: TokenDelta) -> None:
+        got.append(delta)
+        raise RuntimeError("the printer broke")
+
+    async with serving(*script(), *script()) as server:
+        plain, _ = await run_once(server, None)
+        result = await run(
+            SPEC,
+            "What is in k?",
+            OpenAIChat(server.base_url),
+            tools={"lookup": lookup},
+            session_id="s1",
+            clock=tick,
+            on_delta=broken,
+        )
+    assert result.events == plain.events
+    assert text_of(got).endswith(ANSWER)  # called for every delta, though it raised each time
+    assert "run.on_delta_failed" in caplog.text
+    assert "the printer broke" in caplog.text
+
+
+async def test_an_async_on_delta_is_refused_before_any_call() -> None:
+    async def printer(delta: TokenDelta) -> None:
+        pass
+
+    async with serving(*script()) as server:
+        with pytest.raises(InputError, match="on_delta: expected a plain function"):
+            await run(SPEC, "What is in k?", OpenAIChat(server.base_url), on_delta=printer)
+        assert server.received == []

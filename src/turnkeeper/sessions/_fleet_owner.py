@@ -28,7 +28,6 @@ from turnkeeper.core import (
 from turnkeeper.events import Envelope
 from turnkeeper.logs import Claim, FenceLost, InboxItem, SeqConflict, SharedLog
 from turnkeeper.sessions._host import Host
-from turnkeeper.sessions._host_base import json_log
 from turnkeeper.sessions._host_records import (
     Busy,
     HostStopped,
@@ -36,6 +35,7 @@ from turnkeeper.sessions._host_records import (
     _logged,
     _Session,
 )
+from turnkeeper.sessions._logging import json_log
 from turnkeeper.state import fold
 
 _log = json_log(logging.getLogger("turnkeeper.fleet"))

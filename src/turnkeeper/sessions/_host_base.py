@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
-import structlog
 from anyio.streams.memory import MemoryObjectSendStream
 
 from turnkeeper.core import (
@@ -47,6 +46,7 @@ from turnkeeper.sessions._host_records import (
     _Session,
     _take_up,
 )
+from turnkeeper.sessions._logging import json_log
 from turnkeeper.sessions._poll import emit
 from turnkeeper.sessions._slots import Slots
 from turnkeeper.sessions._step_timeout import (
@@ -60,23 +60,6 @@ from turnkeeper.sessions._typed import decoded
 from turnkeeper.state import SessionState, approval_request, awaiting_approval
 from turnkeeper.tools import MAX_TOOL_RESULT_CHARS, McpPool, Tools, as_handler
 from turnkeeper.tracing import AgentSpan, start_agent_span, traced_chat
-
-
-def json_log(std_log: logging.Logger) -> Any:
-    """A structlog logger writing JSON lines, with a timestamp, through `std_log`."""
-    return structlog.wrap_logger(
-        std_log,
-        wrapper_class=structlog.stdlib.BoundLogger,
-        processors=[
-            # First: a line below the logger's level costs no timestamp and no JSON.
-            structlog.stdlib.filter_by_level,
-            structlog.processors.TimeStamper(fmt="iso"),
-            structlog.processors.JSONRenderer(),
-        ],
-        # Else every call binds a new logger (about 3 µs).
-        cache_logger_on_first_use=True,
-    )
-
 
 _std_log = logging.getLogger("turnkeeper.host")
 _log = json_log(_std_log)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import nullcontext
@@ -42,6 +43,7 @@ from turnkeeper.guards import Guard, default_guards, with_last_result
 from turnkeeper.providers import DeltaSink
 from turnkeeper.sessions._driver import answer, call_model, compact
 from turnkeeper.sessions._inputs import Input, Kickoff, Resume
+from turnkeeper.sessions._logging import json_log
 from turnkeeper.sessions._normalize import Terminal, TurnResult, normalize
 from turnkeeper.sessions._open import open_session
 from turnkeeper.sessions._poll import begin_poll, build_request, emit, opened_event, unanswered
@@ -71,7 +73,10 @@ for the events of a step to be all handed over, so what it records has no gap.""
 
 DeltaCallback = Callable[[TokenDelta], object]
 """Called with each fragment of a model reply as it streams in (see `TokenDelta`), from the
-model call's task: it must not block (hand the delta on, print it). Not awaited."""
+model call's task: it must not block (hand the delta on, print it). Not awaited; one that
+raises is logged and goes on being called, so the reply is not lost."""
+
+_log = json_log(logging.getLogger("turnkeeper.run"))
 
 Approver = Callable[[ToolUse], bool | str | Awaitable[bool | str]]
 """Called with each tool call awaiting approval, in call order; may be async. True approves
@@ -158,7 +163,7 @@ class _Runner:
             request = build_request(self.state)
         sink = None
         if on_delta is not None:
-            sink = DeltaSink(on_delta, self.state.session_id, self.state.seq)
+            sink = DeltaSink(_delivering(on_delta), self.state.session_id, self.state.seq)
         called = await call_model(chat, request, sink)
         answered = answer(called, self.state, guard=guard, clock=self.clock)
         await self.record(answered.events)
@@ -275,6 +280,11 @@ async def run(
     ):
         if hook is not None and not callable(hook):
             raise InputError(f"{name}: expected a function or None, got {hook!r:.80}")
+    if inspect.iscoroutinefunction(on_delta):
+        raise InputError(
+            "on_delta: expected a plain function (called as each fragment comes, not "
+            "awaited), got an async one"
+        )
     check_count("tool_concurrency", tool_concurrency, 1)
     if tool_timeout is not None:
         check_seconds("tool_timeout", tool_timeout, positive=True, optional=True)
@@ -398,6 +408,19 @@ async def run(
                     turn = None
             runner.span.finish(runner.state)
             return _result(runner, turn, turns, output)
+
+
+def _delivering(on_delta: DeltaCallback) -> Callable[[TokenDelta], None]:
+    """`on_delta`, with what it raises logged instead: a fault of the callback must not
+    lose the reply it is shown (a model call paid for), as a Host's watchers' do not."""
+
+    def deliver(delta: TokenDelta) -> None:
+        try:
+            on_delta(delta)
+        except Exception as exc:
+            _log.error("run.on_delta_failed", session_id=delta.session_id, error=repr(exc))
+
+    return deliver
 
 
 def _runs_here(

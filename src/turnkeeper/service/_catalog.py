@@ -17,15 +17,13 @@ from collections.abc import Awaitable, Callable
 
 import anyio
 import msgspec
-import structlog
 
 from turnkeeper.core import LogCorrupt, SeqError, gc_paused
 from turnkeeper.events import Envelope
 from turnkeeper.logs import EventLog
+from turnkeeper.service._logging import log as _log
 from turnkeeper.service._summary import ListedStatus, SessionSummary, Tracker
 from turnkeeper.sessions import SessionUnreadable, UnknownSession
-
-_logger = structlog.get_logger(__name__)
 
 Reopen = Callable[[], Awaitable[EventLog]]
 """Opens the log anew, for a log whose open instance does not see what another process
@@ -117,7 +115,7 @@ class Catalog:
                 try:
                     await self._read_on(deadline)
                 except (LogCorrupt, SeqError) as exc:
-                    _logger.warning("inspector.damaged_log", error=str(exc))
+                    _log.warning("inspector.damaged_log", error=str(exc))
                     self._by_session = True
             if self._by_session:
                 await self._read_on_by_session(deadline)

@@ -65,3 +65,13 @@ async def test_recording_to_a_log_another_writer_holds_is_refused_at_once(
         "s1": tuple(run("s1", 1, 2)),
         "s2": (envelope("s2", 1),),
     }
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("name", ["runs.sqlite", "runs.jsonl", "runs"])
+async def test_recording_makes_the_folders_of_a_new_log(tmp_path: Path, name: str) -> None:
+    path = tmp_path / "new" / "deeper" / name
+    async with Recorder(str(path)) as recorder:
+        for event in run("s1", 1, 2):
+            await recorder.record(event)
+    assert (await load_log(str(path))).sessions["s1"] == tuple(run("s1", 1, 2))

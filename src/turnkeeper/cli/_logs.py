@@ -193,6 +193,12 @@ class Recorder:
     async def __aenter__(self) -> Self:
         kind = await anyio.to_thread.run_sync(_kind, self._path)
         if self._path.suffix == ".jsonl" and kind != "directory":
+            if kind == "missing":
+                # Made with its folders, as a SQLite log's file is.
+                try:
+                    await anyio.Path(self._path.parent).mkdir(parents=True, exist_ok=True)
+                except OSError as exc:
+                    raise LogError(f"--log {self.name}: cannot make its folder: {exc}") from None
             if kind == "jsonl":
                 read = await _read_jsonl(self._path)
                 if read.torn is not None:

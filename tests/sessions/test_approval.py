@@ -367,8 +367,14 @@ async def test_an_approval_policy_must_be_one_a_log_can_hold() -> None:
     with pytest.raises(InputError, match=r"spec.tools\[0\].approval: .*a Python function"):
         await run(bad, "hi", ScriptedChat([]))
     unusable = AgentSpec(tools=(ToolSpec("t", approval={"type": 5}),))
-    with pytest.raises(InputError, match=r"spec.tools\[0\].approval: the approval schema"):
+    with pytest.raises(InputError) as refused:
         await run(unusable, "hi", ScriptedChat([]))
+    assert str(refused.value).startswith(
+        "spec.tools[0].approval: the approval schema of tool 't' cannot be used: "
+        "$: the approval schema is invalid (at $.type: 5 is not valid"
+    )
+    assert "input schema" not in str(refused.value)
+    assert "arguments cannot be checked" not in str(refused.value)
     word = AgentSpec(tools=(ToolSpec("t", approval="sometimes"),))  # type: ignore[arg-type]
     with pytest.raises(InputError, match=r"spec.tools\[0\].approval: expected"):
         await run(word, "hi", ScriptedChat([]))

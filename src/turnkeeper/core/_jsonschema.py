@@ -271,18 +271,24 @@ def is_valid(schema: Mapping[str, Any], instance: object) -> bool:
         return False
 
 
-def schema_problem(schema: Mapping[str, Any]) -> str | None:
+def schema_problem(schema: Mapping[str, Any], of: str | None = None) -> str | None:
     """Why `schema` cannot check a tool's arguments, or None when it can.
 
     It cannot when it is not JSON, is not valid JSON Schema (a `type` of 5, a `pattern` that
     is no regex), or holds a `$ref` that leads nowhere or back to itself without going into
     the value (`{"$ref": "#"}`), which would stop every check. The message is worded as
-    `validate` words such problems.
+    `validate` words such problems, or, given `of` (the schema's name, "the output
+    schema" say), names the schema so and not the tool's arguments.
     """
     checker = _checker(schema)
-    return checker if isinstance(checker, str) else checker.problem
+    problem = checker if isinstance(checker, str) else checker.problem
+    if problem is None or of is None:
+        return problem
+    return problem.replace("the tool's input schema", of).replace(_UNCHECKED, "")
 
 
+# How a tool schema's problem ends; `schema_problem(of=...)` leaves it out for other schemas.
+_UNCHECKED = ", so its arguments cannot be checked"
 _recent: dict[int, tuple[Mapping[str, Any], object, _Checker | str]] = {}
 _recent_with_formats: dict[int, tuple[Mapping[str, Any], object, _Checker | str]] = {}
 
@@ -300,7 +306,7 @@ def _checker(schema: Mapping[str, Any], formats: bool = False) -> _Checker | str
         # The text is the cache key, and compiling from it gives the validator its own copy.
         text = json.dumps(schema, ensure_ascii=False, allow_nan=True)
     except (TypeError, ValueError, RecursionError):
-        return "$: the tool's input schema is not JSON, so its arguments cannot be checked"
+        return f"$: the tool's input schema is not JSON{_UNCHECKED}"
     checker = _compile(text, formats)
     if len(recents) >= 512:
         recents.clear()
@@ -458,7 +464,7 @@ def _cycle(edges: list[list[tuple[int, str | None]]]) -> str | None:
 
 
 def _invalid(problem: str) -> str:
-    return f"$: the tool's input schema is invalid ({problem}), so its arguments cannot be checked"
+    return f"$: the tool's input schema is invalid ({problem}){_UNCHECKED}"
 
 
 def _messages(error: ValidationError) -> list[str]:

@@ -85,14 +85,10 @@ def output_problem(schema: object, where: str = "spec.output_schema") -> str | N
     logged = output_json_schema(schema)
     if logged is None:
         return None
-    problem = schema_problem(logged)
+    problem = schema_problem(logged, of="the output schema")
     if problem is None:
         return None
-    # The checks word their problems for a tool's schema.
-    worded = problem.replace("the tool's input schema", "the output schema").replace(
-        ", so its arguments cannot be checked", ""
-    )
-    return f"{where}: the schema cannot be used: {worded}"
+    return f"{where}: the schema cannot be used: {problem}"
 
 
 def schema_key(schema: dict[str, Any]) -> str:

@@ -346,7 +346,7 @@ def _check_approval(tool: ToolSpec, where: str) -> None:
             f'{where}: expected "never", "always" or a JSON Schema object of the arguments '
             f"of tool {tool.name!r}, got {approval!r:.80}{function}"
         )
-    problem = schema_problem(approval)
+    problem = schema_problem(approval, of="the approval schema")
     if problem is not None:
         raise InputError(
             f"{where}: the approval schema of tool {tool.name!r} cannot be used: {problem}"

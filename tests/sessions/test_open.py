@@ -44,6 +44,7 @@ def test_an_empty_transcript_means_a_fresh_open() -> None:
         ({"max_turns": "5"}, "max_turns"),
         ({"session_id": ""}, "session_id"),
         ({"session_id": "  "}, "session_id"),
+        ({"session_id": "a\ud800"}, "session_id"),
         ({"guards": {"loop": None}}, "guards"),
         ({"history": "hello"}, "history"),
         ({"history": [{"role": "user", "content": "x"}, "oops"]}, "history[1]"),

@@ -16,6 +16,7 @@ from turnkeeper.core import (
     InputError,
     check_guards,
     check_spec,
+    encodes,
     with_output_schema,
 )
 from turnkeeper.events import SessionOpened
@@ -73,6 +74,8 @@ def open_session(
     check_spec(spec)
     if session_id is not None and (not isinstance(session_id, str) or not session_id.strip()):
         raise InputError(f"session_id: expected a non-empty string, got {session_id!r}")
+    if session_id is not None and not encodes(session_id):
+        raise InputError(f"session_id: {session_id!r} holds a lone surrogate, which no log holds")
     if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
         raise InputError(f"max_turns: expected a positive integer, got {max_turns!r}")
     if guards is None:

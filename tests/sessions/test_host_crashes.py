@@ -494,9 +494,15 @@ async def test_a_cancel_its_caller_gives_up_on_leaves_the_session_going_on() -> 
             await host.cancel(session_id)
         assert scope.cancelled_caught
         # Nothing says the session was cancelled: its task starts again and runs the
-        # call again (it was logged, not answered).
+        # call again (it was logged, not answered), marked as one that may have run.
         info = await settle(host, session_id)
         assert (info.status, info.text) == ("idle", answer_for(1))
+        events = await log.read(session_id)
+        kinds = [e.type for e in events]
+        assert kinds.count("local.tool_call") == 2
+        marked = kinds.index("local.tool_may_have_run")
+        assert kinds[marked + 1] == "local.tool_call"
+        assert kinds.index("local.tool_call") < marked
         await check_host(host, log)
 
 

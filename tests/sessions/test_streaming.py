@@ -265,14 +265,19 @@ async def test_a_call_in_flight_when_the_watch_begins_is_not_streamed() -> None:
     assert "stream" not in server.received[0].body
 
 
+class Broke(BaseException):
+    """Raised by a callback: not an Exception, and not one that stops the process."""
+
+
+@pytest.mark.parametrize("kind", [RuntimeError, Broke])
 async def test_a_watcher_that_raises_is_logged_and_the_reply_goes_on(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, kind: type[BaseException]
 ) -> None:
     got: list[TokenDelta] = []
 
     def broken(delta: TokenDelta) -> None:
         got.append(delta)
-        raise RuntimeError("the watcher broke")
+        raise kind("the watcher broke")
 
     async with (
         serving(Reply(body=completion(ANSWER))) as server,
@@ -290,14 +295,15 @@ async def test_a_watcher_that_raises_is_logged_and_the_reply_goes_on(
     assert "the watcher broke" in caplog.text
 
 
+@pytest.mark.parametrize("kind", [RuntimeError, Broke])
 async def test_an_on_delta_that_raises_is_logged_and_the_run_goes_on(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, kind: type[BaseException]
 ) -> None:
     got: list[TokenDelta] = []
 
     def broken(delta: TokenDelta) -> None:
         got.append(delta)
-        raise RuntimeError("the printer broke")
+        raise kind("the printer broke")
 
     async with serving(*script(), *script()) as server:
         plain, _ = await run_once(server, None)

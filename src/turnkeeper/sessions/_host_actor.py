@@ -234,6 +234,10 @@ class HostActor(HostBase):
                 else:
                     return
         finally:
+            # Calls announced and not answered when the task ended (cut short by a cancel
+            # that then failed, say) may have run: the next task logs that before running
+            # them again (`_announce`).
+            session.announced = {}
             if session.has_slot:
                 # Granted a slot it did not use (cancelled, or stopping): the next gets it.
                 session.has_slot = False

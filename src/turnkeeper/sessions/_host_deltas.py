@@ -15,6 +15,7 @@ from turnkeeper.events import TokenDelta
 from turnkeeper.providers import DeltaSink
 from turnkeeper.sessions._host_base import HostBase, _log
 from turnkeeper.sessions._host_records import _Session
+from turnkeeper.tools import handled_as_error
 
 DELTA_BUFFER = 1024
 """Deltas a subscriber may fall behind by; past that it misses the newest (a gap in their
@@ -92,8 +93,10 @@ class HostDeltas(HostBase):
         for on_delta in self._delta_watchers.get(delta.session_id, ()):
             try:
                 on_delta(delta)
-            except Exception as exc:
+            except BaseException as exc:
                 # A subscriber's failure is not the model call's.
+                if not handled_as_error(exc):
+                    raise
                 _log.error("deltas.watcher_failed", session_id=delta.session_id, error=repr(exc))
 
     def _end_deltas(self) -> None:

@@ -60,6 +60,7 @@ from turnkeeper.tools import (
     as_handler,
     check_call,
     coerce_call,
+    handled_as_error,
 )
 from turnkeeper.tracing import AgentSpan, agent_span, traced_chat
 
@@ -417,7 +418,9 @@ def _delivering(on_delta: DeltaCallback) -> Callable[[TokenDelta], None]:
     def deliver(delta: TokenDelta) -> None:
         try:
             on_delta(delta)
-        except Exception as exc:
+        except BaseException as exc:
+            if not handled_as_error(exc):
+                raise
             _log.error("run.on_delta_failed", session_id=delta.session_id, error=repr(exc))
 
     return deliver

@@ -25,6 +25,7 @@ from turnkeeper.logs import MemoryLog
 from turnkeeper.providers import ScriptedChat, text_response
 from turnkeeper.sessions import Host
 from turnkeeper.sessions._host_actor import _IDLE_TASKS
+from turnkeeper.tools import ToolContext
 
 pytestmark = pytest.mark.anyio
 
@@ -364,3 +365,41 @@ async def test_no_more_than_the_bound_of_session_tasks_wait_idle() -> None:
         await anyio.wait_all_tasks_blocked()
         assert model.most == count
         assert len(host._idle) == _IDLE_TASKS
+
+
+async def test_a_stop_runs_the_calls_of_the_reply_in_flight_within_the_grace() -> None:
+    # Stopped while the model call is in flight: the reply comes back within the grace with
+    # a call, logged as called; the call runs and its result is logged, and no model call
+    # follows. The host taken up later goes on from the result, with nothing marked as a
+    # call that may have run.
+    log = MemoryLog()
+    answered = anyio.Event()
+    ran: list[str] = []
+    model = stepper()
+
+    async def chat(request: dict[str, Any]) -> dict[str, Any]:
+        await answered.wait()
+        return await model(request)
+
+    async def tools(name: str, args: dict[str, Any], ctx: ToolContext) -> str:
+        ran.append(ctx.tool_call_id)
+        await anyio.sleep(0.05)
+        return step_text(int(args["n"]))
+
+    with anyio.fail_after(10):
+        async with Host(chat=chat, log=log, tools=tools, stop_grace=5) as host:
+            session_id = await host.start(SPEC, prompt_for(2))
+            await anyio.wait_all_tasks_blocked()
+            async with anyio.create_task_group() as group:
+                group.start_soon(host.stop)
+                await anyio.wait_all_tasks_blocked()
+                answered.set()
+        kinds = [e.type for e in await log.read(session_id)]
+        assert kinds[-2:] == ["local.tool_call", "local.tool_result"]
+        assert len(ran) == 1
+        async with Host(chat=chat, log=log, tools=tools) as later:
+            assert (await settle(later, session_id)).text == answer_for(2)
+    kinds = [e.type for e in await log.read(session_id)]
+    assert "local.tool_may_have_run" not in kinds
+    assert kinds.count("local.tool_call") == len(ran) == 2
+    assert check_log(await log.read(session_id)).status == "idle"

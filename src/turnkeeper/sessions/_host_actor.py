@@ -273,7 +273,10 @@ class HostActor(HostBase):
     async def _act(self, session: _Session) -> None:
         """Advance the session until it needs something from outside, then end: a session
         at rest holds no task (`_wake` starts one when there is work again)."""
-        while not self._stopping and session.cancelling is None:
+        # While the host stops, calls announced already are still run (the stop's grace is
+        # for them): else they would be logged as called and never run, and whoever takes
+        # the session up would mark them as calls that may have run.
+        while session.cancelling is None and (not self._stopping or session.announced):
             # Fields, not the state itself: held through the tool calls, it would keep the
             # history that a session long in its tool calls lets go (`_pack_in_tools`).
             status, in_poll, queued = _next_of(session.bare)
@@ -332,7 +335,9 @@ class HostActor(HostBase):
                 envelope, state = emit(state, event, at=self.clock())
                 envelopes.append(envelope)
             by_id = {result.tool_use_id: result for result in state.returned}
-            if all(use.id in by_id for use in state.pending):
+            # Stopping: the results are logged, and the next poll is left to whoever takes
+            # the session up.
+            if not self._stopping and all(use.id in by_id for use in state.pending):
                 # The results and the next poll's input are logged together: one commit.
                 resume = Resume(state.pending, tuple(by_id[use.id] for use in state.pending))
                 begun, state, _ = begin_poll(state, resume, now=self.clock(), guard=self.guard)

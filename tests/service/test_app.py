@@ -26,6 +26,7 @@ from tests.service.bad_requests import (
     setup_bodies,
 )
 from tests.service.server_main import ASK_SPEC, LIMITS, LOOKUP_SPEC, answer_for, chat, lookup
+from tests.sessions.test_fleet import worker
 from turnkeeper.core import MAX_JSON_DEPTH, LogError
 from turnkeeper.logs import MemoryLog
 from turnkeeper.logs._log import Batch
@@ -631,3 +632,43 @@ async def test_no_body_gets_anything_but_a_json_answer_below_500(bodies: list[by
                 f"/v1/sessions/{waiting}/tool_results", content=body, headers=JSON
             )
             assert response.status_code < 500, (body, response.text)
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_a_create_naming_its_id_sent_again_with_its_key_to_any_worker_is_done_once(
+    postgres_url: str,
+) -> None:
+    async with worker(postgres_url, "a") as a, worker(postgres_url, "b") as b:
+        clients = [
+            httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=create_app(host, token="t")),
+                base_url="http://w",
+                headers={"Authorization": "Bearer t", "Idempotency-Key": "create-42"},
+            )
+            for host in (a, b)
+        ]
+        body = {
+            "spec": msgspec.to_builtins(LOOKUP_SPEC),
+            "prompt": "hello",
+            "session_id": "explicit-1",
+        }
+        first = await clients[0].post("/v1/sessions", json=body)
+        assert (first.status_code, first.json()) == (201, {"session_id": "explicit-1"})
+        for client in clients:
+            again = await client.post("/v1/sessions", json=body)
+            assert (again.status_code, again.json()) == (201, {"session_id": "explicit-1"})
+        # Another create that names the id is refused: another body with the key, or the
+        # same body with none.
+        other = {**body, "prompt": "something else"}
+        refused = await clients[1].post("/v1/sessions", json=other)
+        assert refused.status_code == 409
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=create_app(b, token="t")),
+            base_url="http://w",
+            headers={"Authorization": "Bearer t"},
+        ) as unkeyed:
+            assert (await unkeyed.post("/v1/sessions", json=body)).status_code == 409
+        events = await a.events("explicit-1")
+        assert [e.type for e in events].count("local.session_opened") == 1
+        for client in clients:
+            await client.aclose()

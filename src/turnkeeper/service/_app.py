@@ -16,6 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from turnkeeper.core import ApprovalDecision, InputError, ToolResult
+from turnkeeper.events import MessageReceived
 from turnkeeper.service._auth import BearerAuth, check_token
 from turnkeeper.service._catalog import Catalog
 from turnkeeper.service._errors import ApiError
@@ -54,6 +55,7 @@ from turnkeeper.sessions import (
     SessionUnreadable,
     UnknownSession,
     open_session,
+    opened_event,
     session_id_for,
 )
 
@@ -143,10 +145,10 @@ class _Api:
             )
         key = self._key(request)
         made = None
-        if key is not None and body.session_id is None and isinstance(self.host, FleetHost):
+        if key is not None and isinstance(self.host, FleetHost):
             # Made already by this create, sent before (to any worker): the same answer.
-            made = session_id_for(key)
-            if await self._exists(made):
+            made = body.session_id or session_id_for(key)
+            if await self._exists(made) and await self._made_by(made, body):
                 return json_response(Created(made), 201)
         if body.session_id is not None and await self._exists(body.session_id):
             raise ApiError(409, f"session {body.session_id} already exists", "session_id")
@@ -165,7 +167,7 @@ class _Api:
             )
         except InputError as exc:
             field = _field_named(str(exc))
-            if field == "session_id" and made is not None:
+            if field == "session_id" and made is not None and await self._made_by(made, body):
                 # The same create, sent at once to another worker, which made it first.
                 return json_response(Created(made), 201)
             raise ApiError(409 if field == "session_id" else 422, str(exc), field) from None
@@ -356,6 +358,31 @@ class _Api:
         return Response(self.document, media_type=JSON)
 
     # -- reading requests -------------------------------------------------------------------
+
+    async def _made_by(self, session_id: str, body: CreateSession) -> bool:
+        """Whether the session is the one `body` makes, sent before with the same
+        Idempotency-Key: always for an id the key chose (a create named no `session_id`);
+        for one the client named, if its log opens as the create would open it (else
+        another create took that id first)."""
+        if body.session_id is None:
+            return True
+        try:
+            expected = opened_event(
+                open_session(
+                    body.spec,
+                    session_id=session_id,
+                    history=body.history,
+                    max_turns=body.max_turns,
+                    guards=body.guards,
+                )
+            )
+        except InputError:
+            return False
+        events = await self.host.events(session_id)
+        if not events or events[0].event != expected:
+            return False
+        asked = next((e.event for e in events if isinstance(e.event, MessageReceived)), None)
+        return body.prompt is None or (asked is not None and asked.text == body.prompt)
 
     def _key(self, request: Request) -> str | None:
         """The client's `Idempotency-Key` (a worker of a fleet does each key once; one

@@ -3,6 +3,7 @@ reply without calls no answer."""
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
 import msgspec
@@ -10,7 +11,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from turnkeeper.core._calls import degenerate, is_unreadable, logged_unreadable, reply_flaw
+from turnkeeper.core import AgentSpec, ToolSpec, ToolUse
+from turnkeeper.core._calls import (
+    call_problem,
+    degenerate,
+    is_unreadable,
+    logged_unreadable,
+    reply_flaw,
+)
 
 FLAGS = st.one_of(
     st.fixed_dictionaries({"unreadable": st.sampled_from([True, False, 1, "true", None])}),
@@ -128,3 +136,21 @@ def test_any_phrase_repeated_eight_times_or_more_is_degenerate(
     phrase: list[str], times: int
 ) -> None:
     assert degenerate(" ".join(phrase * times))
+
+
+def test_a_spec_made_where_another_was_gets_its_own_verdict() -> None:
+    # A spec collected and another made in its place may get its id (CPython reuses the
+    # memory at once, as this loop did until verdicts held their specs): each spec's
+    # verdicts are its own all the same.
+    use = ToolUse("call_1", "f", {"n": "abc"})
+
+    def spec(kind: str) -> AgentSpec:
+        schema = {"type": "object", "properties": {"n": {"type": kind}}, "required": ["n"]}
+        return AgentSpec(tools=(ToolSpec("f", "f", schema),))
+
+    for _ in range(100):
+        first = spec("integer")
+        assert call_problem(first, use) is not None
+        del first
+        gc.collect()
+        assert call_problem(spec("string"), use) is None

@@ -12,7 +12,9 @@ import msgspec
 from turnkeeper.core._jsonschema import coerce, is_valid, validate
 from turnkeeper.core._types import AgentSpec, ToolUse
 
-_checked: dict[tuple[int, str, str], tuple[ToolUse, str | None]] = {}
+# Each answer with its spec: held here, a spec's id cannot pass to another spec while its
+# answers are remembered.
+_checked: dict[tuple[int, str, str], tuple[AgentSpec, ToolUse, str | None]] = {}
 
 
 def call_problem(spec: AgentSpec, use: ToolUse) -> str | None:
@@ -24,12 +26,12 @@ def call_problem(spec: AgentSpec, use: ToolUse) -> str | None:
     so the last few thousand answers are remembered."""
     key = (id(spec), use.id, use.name)
     known = _checked.get(key)
-    if known is not None and known[0] == use:
-        return known[1]
+    if known is not None and known[0] is spec and known[1] == use:
+        return known[2]
     problem = _call_problem(spec, use)
     if len(_checked) >= 4096:
         _checked.clear()
-    _checked[key] = (use, problem)
+    _checked[key] = (spec, use, problem)
     return problem
 
 

@@ -92,6 +92,21 @@ async def test_a_session_lists_the_server_tools_and_calls_them() -> None:
 
 
 @pytest.mark.anyio
+async def test_a_long_result_from_a_server_is_cut_as_a_handlers_is() -> None:
+    chat = ScriptedChat(
+        [tool_response(("echo", {"text": "x" * 300, "times": 10})), text_response("ok")]
+    )
+    spec = AgentSpec(system_prompt="Use the tools.", mcp_servers=(TEST,))
+    result = await run(spec, "go", chat, max_tool_result_chars=500)
+    text, is_error = tool_texts(result)["call_1"]
+    assert not is_error
+    assert text.startswith(" ".join(["x" * 300] * 2)[:500] + "\n[turnkeeper: result cut: ")
+    assert "[turnkeeper: result cut: " in text
+    assert len(text) < 700
+    assert replay(result.events) == result.state
+
+
+@pytest.mark.anyio
 async def test_a_call_that_hangs_times_out_into_an_error_and_an_event() -> None:
     chat = ScriptedChat(
         [tool_response(("hang", {})), tool_response(("add", {"a": 1, "b": 1})), text_response("ok")]

@@ -9,7 +9,7 @@ from typing import Protocol
 
 from turnkeeper.core import AgentSpec, ToolResult, ToolUse
 from turnkeeper.events import McpFailed
-from turnkeeper.tools import McpTools, ToolContext, ToolHandler, run_each, run_tool
+from turnkeeper.tools import McpTools, ToolContext, ToolHandler, cut_result, run_each, run_tool
 from turnkeeper.tracing import tool_span
 
 
@@ -36,7 +36,8 @@ class ToolCalls(Protocol):
 class ToolRunner:
     """Runs calls with `handler` (or on their MCP server), at most `limit` at a time and
     started in call order, each within its tool's `timeout` seconds, else `timeout`; a
-    handler's result longer than `max_chars` is cut, with a note saying so."""
+    result longer than `max_chars` (a handler's or an MCP server's) is cut, with a note
+    saying so."""
 
     def __init__(
         self, handler: ToolHandler | None, *, timeout: float | None, limit: int, max_chars: int
@@ -74,6 +75,7 @@ class ToolRunner:
             with tool_span(use, tool) as span:
                 if mcp is not None and mcp.serves(use.name):
                     result, failure = await mcp.call(use, ctx, timeout=timeout)
+                    result = cut_result(result, self.max_chars)
                     if failure is not None:
                         await calls.failed(failure)
                 else:

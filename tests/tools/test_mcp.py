@@ -202,6 +202,18 @@ async def test_a_server_that_cannot_start_is_logged_and_the_session_goes_on(
 
 
 @pytest.mark.anyio
+async def test_a_call_when_the_only_server_could_not_start_is_answered_with_why() -> None:
+    ghost = McpServer("ghost", command="/nonexistent/turnkeeper-mcp-server")
+    chat = ScriptedChat([tool_response(("echo", {"text": "hi"})), text_response("without it")])
+    result = await run(AgentSpec(mcp_servers=(ghost,)), "go", chat)
+    assert (result.terminal, result.text) == ("end_turn", "without it")
+    [refusal] = [m["content"] for m in result.transcript if m["role"] == "tool"]
+    assert "Error: unknown tool 'echo'. There are no tools." in refusal
+    assert "MCP server 'ghost' could not start" in refusal
+    assert replay(result.events) == result.state
+
+
+@pytest.mark.anyio
 async def test_sessions_of_one_pool_share_a_connection_closed_with_the_pool() -> None:
     pids: list[int] = []
 

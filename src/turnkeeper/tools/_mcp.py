@@ -191,11 +191,15 @@ class McpTools:
         """Why `use` must not run (as `check_call`); an unknown tool's refusal also names
         the servers whose tools are missing because they could not start."""
         refusal = check_call(self.spec, use)
-        if refusal is None or self.spec.tool(use.name) is not None:
+        if self.spec.tool(use.name) is not None:
             return refusal
         missing = [event for event in self.events if event.reason == "start_failed"]
         if not missing:
             return refusal
+        if refusal is None:
+            # A spec with no tools checks no call; here its tools were its servers', and
+            # none started.
+            refusal = f"Error: unknown tool {use.name!r}. There are no tools. Try again."
         notes = "; ".join(f"MCP server {e.server!r} could not start: {e.error}" for e in missing)
         return f"{refusal} Some tools are missing: {notes}."
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 from anyio.streams.memory import MemoryObjectSendStream
 
 from turnkeeper.core import (
@@ -235,6 +236,11 @@ class HostBase:
         """Make `events` durable, then make `state` (which they lead to) the session's.
         `own`: called in the session's task (else in a caller's, the API's)."""
         if events:
+            if own and session.ending:
+                # Its task was cancelled (`_end_task`) before this append began: the cancel
+                # is taken here, before anything is written. Taken during the append, it
+                # would come once the events are in the log but not in the state we keep.
+                await anyio.lowlevel.checkpoint()
             try:
                 await self._append(
                     session.session_id,

@@ -233,6 +233,17 @@ def test_a_request_for_json_of_a_schema_gets_it(client: openai.OpenAI) -> None:
             "answers no tool call",
         ),
         ({"tools": [{"type": "function", "function": {"name": ""}}]}, "tools[0].function.name", ""),
+        (
+            {
+                "tools": [
+                    *TOOLS,
+                    {"type": "function", "function": {"name": "f", "parameters": {"type": "x"}}},
+                ]
+            },
+            f"tools[{len(TOOLS)}].function.parameters",
+            f"tools[{len(TOOLS)}].function.parameters: the schema cannot be used: $: the schema "
+            "is invalid",
+        ),
     ],
 )
 def test_a_bad_request_is_a_400_naming_the_field(

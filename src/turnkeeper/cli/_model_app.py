@@ -33,6 +33,7 @@ from turnkeeper.core import (
     InputError,
     nests_deeper,
     output_problem,
+    schema_problem,
 )
 
 MAX_BODY_BYTES: Final = 8 * 1024 * 1024
@@ -266,6 +267,12 @@ def _checked(body: bytes) -> _ChatRequest:
     if asked.n not in (None, 1):
         raise _invalid(f"n: only one choice is generated, got n={asked.n}", "n")
     _check_response_format(asked.response_format)
+    for index, tool in enumerate(asked.tools or []):
+        parameters = tool.function.parameters
+        problem = None if parameters is None else schema_problem(parameters, of="the schema")
+        if problem is not None:
+            where = f"tools[{index}].function.parameters"
+            raise _invalid(f"{where}: the schema cannot be used: {problem}", where)
     names = [tool.function.name for tool in asked.tools or []]
     if asked.tool_choice == "required" and not names:
         raise _invalid(

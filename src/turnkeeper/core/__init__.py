@@ -41,7 +41,7 @@ from turnkeeper.core._guard_config import (
     TypedOutput,
     check_guards,
 )
-from turnkeeper.core._jsonschema import coerce, validate
+from turnkeeper.core._jsonschema import coerce, schema_problem, validate
 from turnkeeper.core._messages import (
     MAX_ARGUMENT_DEPTH,
     MAX_JSON_DEPTH,
@@ -172,6 +172,7 @@ __all__ = [
     "reply_flaw",
     "reply_problem",
     "schema_key",
+    "schema_problem",
     "text_of",
     "tool_message",
     "tool_uses_of",

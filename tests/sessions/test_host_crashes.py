@@ -652,10 +652,15 @@ async def test_stop_lets_a_turn_finish_within_the_grace_and_cancels_the_rest() -
             quick_gate.set()
         quick = await log.read("quick")
         stuck = await log.read("stuck")
-        # The quick session logged its turn (with the call it would run next) and stopped
-        # at the boundary: no tool ran.
-        assert [e.type for e in quick][-2:] == ["local.model_response", "local.tool_call"]
+        # The quick session finished its turn within the grace: its reply's call ran and
+        # its result is logged; the next model call is left to the next host.
+        assert [e.type for e in quick][-3:] == [
+            "local.model_response",
+            "local.tool_call",
+            "local.tool_result",
+        ]
         assert replay(quick).status == "requires_action"
+        assert not replay(quick).in_poll
         # The stuck one was cancelled in its model call; its log ends with the input.
         assert [e.type for e in stuck][-1] == "local.user_message"
         assert replay(stuck).in_poll
@@ -671,6 +676,8 @@ async def test_stop_lets_a_turn_finish_within_the_grace_and_cancels_the_rest() -
             new = (await log.read(name))[len(logged) :]
             assert recorder.calls[name] == sum(e.type == "local.model_response" for e in new)
         await check_host(again, log)
+        # Nothing of the quick session's was cut short, so nothing is marked as such.
+        assert "local.tool_may_have_run" not in [e.type for e in await log.read("quick")]
     assert recorder.calls == {"quick": 2, "stuck": 3}
 
 

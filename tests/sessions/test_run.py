@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -295,7 +296,7 @@ async def test_a_call_of_a_tool_the_mapping_does_not_name_returns_control() -> N
     async def ask_human(q: str) -> str:
         return "yes"
 
-    tools = {"add": add, "ask_human": ask_human}
+    tools: dict[str, Callable[..., Any]] = {"add": add, "ask_human": ask_human}
     second = await run(spec, None, chat, tools=tools, history=first.transcript)
     assert second.text == "3, and yes"
     assert tool_messages(second.transcript) == ["3", "yes"]

@@ -19,6 +19,7 @@ from turnkeeper.core import (
     Budget,
     ChatError,
     GuardConfig,
+    InputError,
     LoopDetection,
     ReplayError,
     SmallModel,
@@ -107,6 +108,13 @@ async def test_turning_a_guard_off_reports_where_the_log_halted() -> None:
     assert divergence.summary == (
         "would call the model at poll 3 (the log shows: add a directive from loop)"
     )
+
+
+async def test_a_terminal_tool_required_of_a_spec_with_none_is_refused() -> None:
+    result = await looping_run()
+    required = GuardConfig(terminal=TerminalTool(required=True))
+    with pytest.raises(InputError, match=r"guards\.terminal\.required: the spec names no"):
+        recheck(result.events, guards=required)
 
 
 async def test_a_log_missing_a_guard_event_is_caught() -> None:

@@ -36,6 +36,13 @@ _ids_lock = threading.Lock()
 os.register_at_fork(after_in_child=_ids_ahead.clear)
 
 
+def check_guards_of(spec: AgentSpec, config: GuardConfig) -> None:
+    """InputError if `config` asks of `spec` what it cannot give: a terminal tool required
+    of a spec that names none."""
+    if config.terminal is not None and config.terminal.required and spec.terminal_tool is None:
+        raise InputError("guards.terminal.required: the spec names no terminal_tool")
+
+
 def new_session_id() -> str:
     """A fresh session id: `local_` and 16 hex characters, from the system's randomness."""
     with _ids_lock:
@@ -83,8 +90,7 @@ def open_session(
     else:
         check_guards(guards)
         config = guards
-    if config.terminal is not None and config.terminal.required and spec.terminal_tool is None:
-        raise InputError("guards.terminal.required: the spec names no terminal_tool")
+    check_guards_of(spec, config)
     transcript = _transcript(history)
     resume = bool(transcript)
     if not resume:

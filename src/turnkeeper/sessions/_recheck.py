@@ -36,6 +36,7 @@ from turnkeeper.events import (
 )
 from turnkeeper.guards import Guard, default_guards
 from turnkeeper.sessions._inputs import Input, Resume, UserMessage
+from turnkeeper.sessions._open import check_guards_of
 from turnkeeper.sessions._poll import begin_poll, end_poll
 from turnkeeper.sessions._run import RUNNER_HALTS
 from turnkeeper.state import SessionState, apply_event, initial_state, replay, whole_results
@@ -76,6 +77,7 @@ def recheck(
     state: SessionState = initial_state(opening.session_id, opening.event)
     if guards is not None:
         check_guards(guards, since=opening.event.guards)
+        check_guards_of(opening.event.spec, guards)
         state = msgspec.structs.replace(state, guards=guards)
     state = msgspec.structs.replace(state, seq=1)
     index, poll = 1, 0

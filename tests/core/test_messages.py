@@ -21,7 +21,6 @@ from turnkeeper.core._messages import (
     gist,
     key_arguments,
     last_answer,
-    last_tool_result,
     text_of,
     tool_message,
     tool_uses_of,
@@ -286,25 +285,6 @@ def test_last_answer_is_the_text_of_the_last_assistant_message() -> None:
     assert last_answer(history[:3]) == "first"
     assert last_answer(history[:1]) is None
     assert last_answer(()) is None
-
-
-def test_last_tool_result_skips_duplicate_and_skip_notices() -> None:
-    history = (
-        {"role": "user", "content": "hi"},
-        tool_message("a", "first"),
-        tool_message("b", "real result"),
-        {"role": "assistant", "content": "thinking"},
-        tool_message("c", duplicate_content("already called")),
-        tool_message("d", '{"skipped":true,"message":"not run"}'),
-        tool_message("e", ""),
-        {"role": "user", "content": "later"},
-    )
-    assert last_tool_result(history) == "real result"
-    assert last_tool_result(history[:2]) == "first"
-    assert last_tool_result(history[:1]) is None
-    assert last_tool_result(()) is None
-    errored = (tool_message("a", error_content("boom")),)
-    assert last_tool_result(errored) == '{"error":"boom","isError":true}'
 
 
 def test_tool_uses_of_decodes_calls_in_order() -> None:

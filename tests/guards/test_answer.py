@@ -31,13 +31,22 @@ from turnkeeper.events import (
     ModelResponded,
     TerminalToolCalled,
 )
-from turnkeeper.guards import Halt, answer_request, answers_after, episode_results, grounded
+from turnkeeper.guards import (
+    Halt,
+    answer_request,
+    answers_after,
+    episode_results,
+    grounded,
+    with_last_result,
+)
 from turnkeeper.logs import MemoryLog
 from turnkeeper.providers import ScriptedChat, text_response, tool_response
 from turnkeeper.sessions import (
     Host,
     Kickoff,
     Resume,
+    UserMessage,
+    begin_poll,
     normalize,
     open_session,
     poll_turn,
@@ -400,3 +409,26 @@ def test_an_answer_must_hold_a_short_result(result: str, reply: str, held: bool)
     )
     state = msgspec.structs.replace(state, history=history, request="q?")
     assert grounded(state, reply) is held
+
+
+async def test_a_stop_message_leads_with_what_the_episode_found_and_nothing_else() -> None:
+    spec = AgentSpec(system_prompt="Add with the tool.", tools=(ADD,))
+    found = await run(
+        spec,
+        "What is 40 + 2?",
+        ScriptedChat([tool_response(("add", {"a": 40, "b": 2})), text_response("42")]),
+        tools={"add": add},
+    )
+    assert with_last_result(found.state, "lead") == "42\n\nlead"
+    # A later request that has found nothing yet: the earlier request's result is not its.
+    _, later, _ = begin_poll(found.state, UserMessage("Tell me a joke."), now=1.0)
+    assert with_last_result(later, "lead") == "lead"
+    # A request whose only tool call failed found nothing either: the error is not led with.
+    failed = await run(
+        spec,
+        "What is 1 + x?",
+        ScriptedChat([tool_response(("add", {"a": 1, "b": "x"})), text_response("sorry")]),
+        tools={"add": add},
+    )
+    assert any("invalid arguments" in (m.get("content") or "") for m in failed.transcript)
+    assert with_last_result(failed.state, "lead") == "lead"

@@ -170,13 +170,3 @@ def last_answer(history: tuple[Message, ...]) -> str | None:
         if message.get("role") == "assistant":
             return text_of(message)
     return None
-
-
-def last_tool_result(history: tuple[Message, ...]) -> str | None:
-    """The content of the last real tool result in history (not a duplicate or skip notice)."""
-    for message in reversed(history):
-        if message.get("role") == "tool":
-            content = text_of(message)
-            if content and not content.startswith(('{"duplicate":true', '{"skipped":true')):
-                return content
-    return None

@@ -56,6 +56,16 @@ def episode_results(state: SessionState) -> list[str]:
     return found
 
 
+def last_result(state: SessionState) -> str | None:
+    """The episode's last tool result (not an error or a notice), counting one that
+    returned and has not reached the model yet; None if it has none."""
+    for result in reversed(state.returned):
+        if not result.is_error and not result.text.startswith(_NOT_RESULTS):
+            return result.text
+    results = episode_results(state)
+    return results[-1] if results else None
+
+
 def answers_after(state: SessionState, halt: Halt) -> bool:
     """Whether the stop `halt` becomes one last call with tools withdrawn: its guard's
     `answer` setting is on, the episode has tool results, and `max_turns` (when that

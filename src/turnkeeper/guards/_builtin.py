@@ -11,12 +11,11 @@ from turnkeeper.core import (
     coerce,
     gist,
     key_arguments,
-    last_tool_result,
     reply_flaw,
     reply_problem,
     validate,
 )
-from turnkeeper.guards._answer import answers_after
+from turnkeeper.guards._answer import answers_after, last_result
 from turnkeeper.guards._view import (
     CONTINUE,
     Directive,
@@ -31,9 +30,10 @@ from turnkeeper.state import SessionState
 
 
 def with_last_result(state: SessionState, lead: str) -> str:
-    """`lead`, preceded by the gist of the last tool result when there is one (one that
-    returned but has not reached the model yet counts)."""
-    last = state.returned[-1].text if state.returned else last_tool_result(state.history)
+    """`lead`, preceded by the gist of the episode's last tool result when there is one
+    (see `last_result`): what the session found, not an error it met nor what an earlier
+    request found."""
+    last = last_result(state)
     return f"{gist(last)}\n\n{lead}" if last else lead
 
 

@@ -730,3 +730,31 @@ async def test_why_a_log_only_reads_its_directory(tmp_path: Path) -> None:
                 f"another log writes it (it holds the writer lock {tmp_path / 'writer.lock'})"
             )
             assert reader.read_only_because == "it was opened read_only"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("damage", ["removed", "cut short"])
+async def test_a_session_file_damaged_while_the_log_is_open_refuses_the_next_append(
+    tmp_path: Path, damage: str
+) -> None:
+    async with JsonlLog(tmp_path) as log:
+        await log.append(run("a", 1, 3), expected_seq=0)
+        await log.append(run("b", 1, 2), expected_seq=0)
+        path = tmp_path / "a.jsonl"
+        if damage == "removed":
+            path.unlink()
+        else:
+            os.truncate(path, 50)
+        with pytest.raises(LogCorrupt, match=r"a\.jsonl: holds \d+ bytes, fewer than the"):
+            await log.append([envelope("a", 4)], expected_seq=3)
+        # Nothing was acknowledged, nothing is padded in, and the damage is the session's.
+        with pytest.raises(LogCorrupt, match="fewer than the"):
+            await log.read("a")
+        assert b"\0" not in path.read_bytes()
+        assert await log.read("b") == run("b", 1, 2)
+        await log.append([envelope("b", 3)], expected_seq=2)
+        assert sorted(await log.sessions()) == ["a", "b"]  # each once
+    async with JsonlLog(tmp_path) as log:
+        with pytest.raises(LogCorrupt):
+            await log.read("a")
+        assert await log.read("b") == [*run("b", 1, 2), envelope("b", 3)]

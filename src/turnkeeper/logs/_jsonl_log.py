@@ -223,9 +223,14 @@ class JsonlLog(EventLog):
             data = b"".join(line + b"\n" for line in batch.lines)
             # Once bytes may be on disk, memory must follow them, even if the caller is cancelled.
             with anyio.CancelScope(shield=True):
-                written = await anyio.to_thread.run_sync(
-                    _write, self._path(session_id), data, tail, actual == 0
-                )
+                try:
+                    written = await anyio.to_thread.run_sync(
+                        _write, self._path(session_id), data, tail, actual == 0
+                    )
+                except LogCorrupt as exc:
+                    # The session is damaged from now on, as if found so at the open.
+                    self._damaged[session_id] = exc
+                    raise
                 self._record_order(session_id, batch.events[-1].seq)
                 self._tails[session_id] = _Tail(tail.size + written)
                 self._store.add(batch.events)
@@ -244,7 +249,8 @@ class JsonlLog(EventLog):
 
     async def _sessions(self) -> list[str]:
         # A damaged session is one all the same; where it was created is not known.
-        return self._store.sessions() + sorted(self._damaged)
+        listed = self._store.sessions()
+        return listed + sorted(set(self._damaged).difference(listed))
 
     async def _read_all(self, after: int, limit: int | None) -> list[tuple[int, Envelope]]:
         # Where a damaged session's events fall among the others is not known.
@@ -572,7 +578,16 @@ def _write(path: Path, data: bytes, tail: _Tail, new_session: bool) -> int:
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
         try:
-            if os.fstat(fd).st_size != tail.size:
+            size = os.fstat(fd).st_size
+            if size < tail.size:
+                # Cut short, replaced or removed (and made again here) while the log was
+                # open: padded back to its length, the lost lines would read as damage
+                # only once this append had been acknowledged.
+                raise LogCorrupt(
+                    f"{path}: holds {size} bytes, fewer than the {tail.size} this log wrote "
+                    "to it (cut short, replaced or removed while the log was open)"
+                )
+            if size != tail.size:
                 # A torn last line, or the rest of an earlier append that failed.
                 os.ftruncate(fd, tail.size)
             try:

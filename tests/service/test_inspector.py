@@ -148,6 +148,14 @@ async def test_recheck_answers_where_other_guards_diverge_and_names_bad_settings
         )
         assert bad.status_code == 422
         assert bad.json()["error"]["field"] == "guards.loop.warnings"
+        # A terminal tool required of this session, whose spec names none: a conflict with
+        # the session, not a bad request.
+        required = await client.post(
+            "/v1/sessions/loop/recheck", json={"guards": {"terminal": {"required": True}}}
+        )
+        assert required.status_code == 409
+        assert required.json()["error"]["field"] == "guards"
+        assert "the spec names no terminal_tool" in required.json()["error"]["message"]
         unknown = await client.post("/v1/sessions/loop/recheck", json={"guards": {"lop": None}})
         assert unknown.status_code == 422
         assert unknown.json()["error"]["field"] == "guards.lop"

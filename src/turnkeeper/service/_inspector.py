@@ -16,6 +16,7 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from turnkeeper.core import InputError, ReplayError
+from turnkeeper.events import SessionOpened
 from turnkeeper.logs import EventLog, JsonlLog, MemoryLog, PostgresLog, SqliteLog
 from turnkeeper.service._auth import BearerAuth, check_token
 from turnkeeper.service._catalog import Catalog
@@ -27,7 +28,7 @@ from turnkeeper.service._summary import LISTED_STATUSES, ListedStatus, Tracker
 from turnkeeper.service._tail import events_response, stream_response
 from turnkeeper.service._ui import UI_PREFIX, ui_mount
 from turnkeeper.service._unread import CloseUnreadBodies
-from turnkeeper.sessions import recheck
+from turnkeeper.sessions import check_guards_of, recheck
 
 INSPECTOR_PATH = "/v1/inspector/sessions"
 _LIST_PAGE = 50
@@ -107,6 +108,13 @@ class Inspector:
         session_id = request.path_params["session_id"]
         body = await read_body(request, RecheckRequest, self.limits)
         events = await self.catalog.read(session_id)
+        opening = events[0].event if events else None
+        if body.guards is not None and isinstance(opening, SessionOpened):
+            try:
+                check_guards_of(opening.spec, body.guards)
+            except InputError as exc:
+                # Settings the request may make, which this session's spec cannot meet.
+                raise ApiError(409, f"session {session_id}: {exc}", "guards") from None
         try:
             # In a worker thread: a long log's re-check would hold the event loop.
             divergence = await anyio.to_thread.run_sync(

@@ -16,7 +16,7 @@ from turnkeeper.sessions._host_records import (
 )
 from turnkeeper.sessions._inputs import Input, Kickoff, Resume, UserMessage
 from turnkeeper.sessions._normalize import Terminal, TurnResult, normalize
-from turnkeeper.sessions._open import new_session_id, open_session
+from turnkeeper.sessions._open import check_guards_of, new_session_id, open_session
 from turnkeeper.sessions._poll import (
     begin_poll,
     build_request,
@@ -72,6 +72,7 @@ __all__ = [
     "UserMessage",
     "begin_poll",
     "build_request",
+    "check_guards_of",
     "check_response",
     "check_results",
     "emit",

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
@@ -59,7 +59,7 @@ from turnkeeper.sessions._step_timeout import (
 from turnkeeper.sessions._tool_runner import ToolRunner
 from turnkeeper.sessions._typed import decoded
 from turnkeeper.state import SessionState, approval_request, awaiting_approval
-from turnkeeper.tools import MAX_TOOL_RESULT_CHARS, McpPool, Tools, as_handler
+from turnkeeper.tools import MAX_TOOL_RESULT_CHARS, McpPool, Tools
 from turnkeeper.tracing import AgentSpan, start_agent_span, traced_chat
 
 _std_log = logging.getLogger("turnkeeper.host")
@@ -142,10 +142,12 @@ class HostBase:
         # closed one would refuse the reads that go on working after a stop.
         self.log = log if log is not None else MemoryLog()
         self._mcp = McpPool()
-        # The tools run here by name; None when one handler takes every call (or none).
-        # Found once: an ABC's isinstance check is slow, and it was made for every call.
-        self._tool_names = tools if isinstance(tools, Mapping) else None
-        self._handler = as_handler(tools) if tools is not None else None
+        self._tool_runner = ToolRunner(
+            tools,
+            timeout=tool_timeout,
+            limit=tool_concurrency,
+            max_chars=max_tool_result_chars,
+        )
         self.guard = guard
         self.mailbox_size = mailbox_size
         self.max_restarts = max_restarts
@@ -155,12 +157,6 @@ class HostBase:
         self.stop_grace = stop_grace
         self.tool_concurrency = tool_concurrency
         self.tool_timeout = tool_timeout
-        self._tool_runner = ToolRunner(
-            self._handler,
-            timeout=tool_timeout,
-            limit=tool_concurrency,
-            max_chars=max_tool_result_chars,
-        )
         self.max_model_calls = max_model_calls
         self._model_slots: Slots[_Session] | None = None
         self.clock = clock
@@ -385,7 +381,7 @@ class HostBase:
         """Whether the host answers this call itself (by a handler, an MCP server, or as a
         bad call). Asked in that order: a call its handler takes needs no other check,
         and whether it is a bad call is the dearest to tell."""
-        if self._handler is not None and (self._tool_names is None or use.name in self._tool_names):
+        if self._tool_runner.handles(use.name):
             return True
         if session.mcp is not None and session.mcp.serves(use.name):
             return True

@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import nullcontext
 from typing import Any
 
@@ -55,9 +55,7 @@ from turnkeeper.tools import (
     MAX_TOOL_RESULT_CHARS,
     McpPool,
     McpTools,
-    ToolHandler,
     Tools,
-    as_handler,
     check_call,
     coerce_call,
     handled_as_error,
@@ -293,9 +291,9 @@ async def run(
         check_seconds("timeout", timeout, positive=True, optional=True)
     check_step_timeout("step_timeout", step_timeout)
     check_count("max_tool_result_chars", max_tool_result_chars, 1)
-    handler = as_handler(tools) if tools is not None else None
-    # The tools the run's handler answers: those a mapping names (None: all of them).
-    named = frozenset(tools) if isinstance(tools, Mapping) else None
+    tool_runner = ToolRunner(
+        tools, timeout=tool_timeout, limit=tool_concurrency, max_chars=max_tool_result_chars
+    )
     kind = None
     if isinstance(spec, AgentSpec):
         kind = output_type(spec.output_schema)
@@ -316,9 +314,6 @@ async def run(
             spec, session_id=session_id, history=history, max_turns=max_turns, guards=config
         )
         runner = _Runner(state, on_event, clock)
-        tool_runner = ToolRunner(
-            handler, timeout=tool_timeout, limit=tool_concurrency, max_chars=max_tool_result_chars
-        )
         with agent_span(state, prompt=prompt) as span:
             runner.span = span
             traced = traced_chat(timed_chat(chat, step_timeout))
@@ -353,7 +348,7 @@ async def run(
                         if not await _decide(runner, approve):
                             break
                         calls = _RunCalls(runner, spec, mcp_tools)
-                        if not all(_runs_here(use, handler, named, calls) for use in pending):
+                        if not all(_runs_here(use, tool_runner, calls) for use in pending):
                             break
                         results = await tool_runner.run(
                             pending,
@@ -426,13 +421,10 @@ def _delivering(on_delta: DeltaCallback) -> Callable[[TokenDelta], None]:
     return deliver
 
 
-def _runs_here(
-    use: ToolUse, handler: ToolHandler | None, named: frozenset[str] | None, calls: _RunCalls
-) -> bool:
-    """Whether the run answers this call itself: by its handler (which answers the tools
-    `named`, all if None), by an MCP server, or as a bad call (with an error, without
-    running it), as a Host does."""
-    if handler is not None and (named is None or use.name in named):
+def _runs_here(use: ToolUse, tool_runner: ToolRunner, calls: _RunCalls) -> bool:
+    """Whether the run answers this call itself: by its handler, by an MCP server, or as a
+    bad call (with an error, without running it), as a Host does."""
+    if tool_runner.handles(use.name):
         return True
     mcp_tools = calls.mcp_tools
     if mcp_tools is not None and mcp_tools.serves(use.name):

@@ -4,12 +4,21 @@ hooks of `ToolCalls`."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from turnkeeper.core import AgentSpec, ToolResult, ToolUse
 from turnkeeper.events import McpFailed
-from turnkeeper.tools import McpTools, ToolContext, ToolHandler, cut_result, run_each, run_tool
+from turnkeeper.tools import (
+    McpTools,
+    ToolContext,
+    ToolHandler,
+    Tools,
+    as_handler,
+    cut_result,
+    run_each,
+    run_tool,
+)
 from turnkeeper.tracing import tool_span
 
 
@@ -34,18 +43,25 @@ class ToolCalls(Protocol):
 
 
 class ToolRunner:
-    """Runs calls with `handler` (or on their MCP server), at most `limit` at a time and
-    started in call order, each within its tool's `timeout` seconds, else `timeout`; a
-    result longer than `max_chars` (a handler's or an MCP server's) is cut, with a note
-    saying so."""
+    """Runs calls with the handler of `tools` (or on their MCP server), at most `limit` at a
+    time and started in call order, each within its tool's `timeout` seconds, else
+    `timeout`; a result longer than `max_chars` (a handler's or an MCP server's) is cut,
+    with a note saying so. InputError at once for `tools` that are no handler."""
 
     def __init__(
-        self, handler: ToolHandler | None, *, timeout: float | None, limit: int, max_chars: int
+        self, tools: Tools | None, *, timeout: float | None, limit: int, max_chars: int
     ) -> None:
-        self.handler = handler
+        self.handler: ToolHandler | None = as_handler(tools) if tools is not None else None
+        # The tools the handler answers: those a mapping names; None when one handler takes
+        # every call (or none). Found once: an ABC's isinstance check is slow.
+        self.names = frozenset(tools) if isinstance(tools, Mapping) else None
         self.timeout = timeout
         self.limit = limit
         self.max_chars = max_chars
+
+    def handles(self, name: str) -> bool:
+        """Whether the handler answers calls of the tool `name`."""
+        return self.handler is not None and (self.names is None or name in self.names)
 
     async def run(
         self,

@@ -111,7 +111,7 @@ def answer(
         except ChatError as error:
             failure = error
         else:
-            return Answer(*_asking_approval(events, ended), None)
+            return Answer(*asking_approval(events, ended), None)
     before = state if failed_after is None else failed_after
     failed = failure_events(before, failure, called.reported, at=clock(), response=called.response)
     return Answer(list(failed), _advance_seq(before, len(failed)), failure)
@@ -202,12 +202,12 @@ async def compact(
     return compacted(await call_model(chat, plan.request), plan, state, clock=clock)
 
 
-def _asking_approval(
+def asking_approval(
     events: list[Envelope], state: SessionState
 ) -> tuple[list[Envelope], SessionState]:
     """`events` and `state`, with the `local.approval_requested` after them that the calls
-    of the reply need, if any (logged with the reply, so no one sees those calls waiting
-    for results before they are approved)."""
+    of the reply need, if any: logged with the reply (or a fork of it), so no one sees
+    those calls waiting for results before they are approved."""
     asked = approval_request(state)
     if asked is None:
         return events, state

@@ -11,9 +11,11 @@ import msgspec
 
 from turnkeeper.core import InputError
 from turnkeeper.events import Envelope, Forked, ToolMayHaveRun
+from turnkeeper.sessions._driver import asking_approval
 from turnkeeper.sessions._open import new_session_id
+from turnkeeper.sessions._poll import emit
 from turnkeeper.sessions._recheck import by_guards
-from turnkeeper.state import SessionState, apply_event, approval_request, replay
+from turnkeeper.state import SessionState, replay
 
 
 def fork_events(
@@ -67,12 +69,7 @@ def fork_events(
             f"at_seq: session {origin} is {state.status} at seq {at_seq}, and a fork of it "
             "would take no messages; fork at an earlier seq"
         )
-    forked = Envelope(new_id, at_seq + 1, at, Forked(origin=origin, at_seq=at_seq))
-    state = apply_event(state, forked)
-    asked = approval_request(state)
-    if asked is None:
-        return [*prefix, forked], state
+    forked, state = emit(state, Forked(origin=origin, at_seq=at_seq), at=at)
     # Forked between a reply and its `local.approval_requested`: the fork asks for the
     # approvals its calls want, as the reply's own step did, so none runs unapproved.
-    request = Envelope(new_id, at_seq + 2, at, asked)
-    return [*prefix, forked, request], apply_event(state, request)
+    return asking_approval([*prefix, forked], state)

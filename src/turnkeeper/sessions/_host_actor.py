@@ -234,10 +234,6 @@ class HostActor(HostBase):
                 else:
                     return
         finally:
-            # Calls announced and not answered when the task ended (cut short by a cancel
-            # that then failed, say) may have run: the next task logs that before running
-            # them again (`_announce`).
-            session.announced = {}
             if session.has_slot:
                 # Granted a slot it did not use (cancelled, or stopping): the next gets it.
                 session.has_slot = False
@@ -411,6 +407,12 @@ class HostActor(HostBase):
             results = await self._tool_runner.run(
                 uses, calls, session_id=session.session_id, spec=session.bare.spec, mcp=session.mcp
             )
+        except BaseException:
+            # Cut short while they ran (by a cancel that then failed, say): each may have
+            # run, and the next task logs that before running it again (`_announce`). A
+            # call announced and never begun is not marked.
+            session.announced = {}
+            raise
         finally:
             del in_tools[session]
         if calls.failures:
